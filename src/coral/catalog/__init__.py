@@ -1,0 +1,22 @@
+"""GPU types, node configurations, regions, prices and model specs."""
+from coral.catalog.catalog import (
+    Catalog,
+    Offer,
+    builtin_catalog,
+    load_prices_csv,
+    load_skypilot_vms_csv,
+)
+from coral.catalog.hardware import GpuType, NodeConfig, split_config_name
+from coral.catalog.models import (
+    ModelSpec,
+    builtin_model,
+    builtin_model_names,
+    from_hf_config,
+    load_hf_config,
+)
+
+__all__ = [
+    "Catalog", "GpuType", "ModelSpec", "NodeConfig", "Offer", "builtin_catalog", "builtin_model",
+    "builtin_model_names", "from_hf_config", "load_hf_config", "load_prices_csv", "load_skypilot_vms_csv",
+    "split_config_name",
+]

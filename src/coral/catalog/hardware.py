@@ -1,0 +1,68 @@
+"""GPU types and node configurations (a cloud VM shape: n GPUs of one type)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+_CONFIG_NAME = re.compile(r"^(\d+)x(.+)$")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuType:
+    """One GPU model and the datasheet figures the performance model needs."""
+
+    name: str
+    memory_gib: float
+    hbm_gb_per_s: float
+    bf16_tflops: float
+    fp8_tflops: float | None = None
+    intra_node_gb_per_s: float
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("GpuType.name must not be empty")
+        for field in ("memory_gib", "hbm_gb_per_s", "bf16_tflops", "intra_node_gb_per_s"):
+            value = getattr(self, field)
+            if not value > 0:
+                raise ValueError(f"GpuType {self.name}: {field} must be > 0, got {value}")
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """A node configuration `c = (g, n)`: a VM with `count` GPUs of type `gpu`."""
+
+    gpu: GpuType
+    count: int
+    network_gbps: float
+
+    def __post_init__(self) -> None:
+        if self.count not in (1, 2, 4, 8, 16):
+            raise ValueError(f"NodeConfig {self.gpu.name}: GPU count must be 1, 2, 4, 8 or 16, got {self.count}")
+        if not self.network_gbps > 0:
+            raise ValueError(f"NodeConfig {self.name}: network_gbps must be > 0, got {self.network_gbps}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.count}x{self.gpu.name}"
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.count * self.gpu.memory_bytes
+
+    @property
+    def network_bytes_per_s(self) -> float:
+        return self.network_gbps * 1e9 / 8
+
+
+def split_config_name(name: str) -> tuple[int, str]:
+    """Split `'2xL40S'` into `(2, 'L40S')`; raise ValueError on another shape."""
+    match = _CONFIG_NAME.match(name.strip())
+    if not match:
+        raise ValueError(f"node configuration {name!r} is not of the form '<n>x<GPU>', e.g. '1xL4' or '8xH100'")
+    return int(match.group(1)), match.group(2)

@@ -1,0 +1,601 @@
+"""Command-line interface: parse -> load config -> call the core -> write outputs."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from coral import __version__
+from coral.errors import CoralError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class _Group(click.Group):
+    """Prints user mistakes (CoralError) as one clear line, without a traceback, exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CoralError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            sys.exit(2)
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="coral")
+def main() -> None:
+    """Coral: plan, simulate and serve many LLMs on heterogeneous cloud GPUs at the lowest cost
+    that meets every model's latency SLO.
+
+    \b
+    Start with:
+      coral catalog configs            node shapes and their prices
+      coral scenario show core         a built-in scenario, resolved
+      coral perf --model qwen3-32b --node 1xL40S --phase decode --batch 8 --prompt-tokens 1000
+      coral templates solve --model qwen3-32b --phase prefill --slo-ms 2500 --nodes 1xL40S,1xL40S,2xL4
+    """
+
+
+# --- catalog ---------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+def catalog() -> None:
+    """The built-in catalog: GPU types, node configurations, prices per region, model specs."""
+
+
+def _catalog(prices: str | None) -> Any:
+    from coral.catalog import builtin_catalog, load_prices_csv
+
+    cat = builtin_catalog()
+    return load_prices_csv(prices, cat) if prices else cat
+
+
+_prices_opt = click.option("--prices", type=click.Path(dir_okay=False), default=None,
+                           help="Use this price CSV (our format = gpu_nodes.csv columns, or a SkyPilot vms.csv).")
+_json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+@catalog.command("gpus")
+@_json_opt
+def catalog_gpus(as_json: bool) -> None:
+    """GPU types and their datasheet figures."""
+    cat = _catalog(None)
+    rows = [asdict(g) for g in cat.gpus.values()]
+    if as_json:
+        return _emit_json(rows)
+    t = Table(title="GPU types")
+    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "intra-node GB/s"):
+        t.add_column(col, justify="right" if col != "name" else "left")
+    for g in cat.gpus.values():
+        t.add_row(g.name, f"{g.memory_gib:g}", f"{g.hbm_gb_per_s:g}", f"{g.bf16_tflops:g}",
+                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.intra_node_gb_per_s:g}")
+    console.print(t)
+
+
+@catalog.command("configs")
+@_prices_opt
+@_json_opt
+def catalog_configs(prices: str | None, as_json: bool) -> None:
+    """Node configurations `<n>x<GPU>` sold somewhere, with network and the regions selling them."""
+    cat = _catalog(prices)
+    rows = []
+    for name, c in cat.configs.items():
+        regions = sorted(r for (r, cfg) in cat.offers if cfg == name)
+        rows.append({"config": name, "gpu": c.gpu.name, "gpus": c.count, "memory_gib": c.count * c.gpu.memory_gib,
+                     "network_gbps": c.network_gbps, "regions": regions})
+    if as_json:
+        return _emit_json(rows)
+    t = Table(title="Node configurations")
+    for col in ("config", "GPU memory GiB", "network Gbps", "sold in"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["config"], f"{r['memory_gib']:g}", f"{r['network_gbps']:g}", ", ".join(r["regions"]))
+    console.print(t)
+
+
+@catalog.command("prices")
+@click.option("--region", default=None, help="Only this region (e.g. aws:us-east-2).")
+@_prices_opt
+@_json_opt
+def catalog_prices(region: str | None, prices: str | None, as_json: bool) -> None:
+    """On-demand (and spot) $/h of every configuration in every region (cheapest instance type)."""
+    cat = _catalog(prices)
+    if region:
+        cat.check_region(region)
+    rows = [asdict(o) for (r, _), o in sorted(cat.offers.items()) if region in (None, r)]
+    if as_json:
+        return _emit_json(rows)
+    t = Table(title="Prices ($/h per node)")
+    for col in ("region", "config", "instance type", "on-demand", "spot", "network Gbps"):
+        t.add_column(col)
+    for o in rows:
+        t.add_row(o["region"], o["config"], o["instance_type"], f"{o['price_usd_per_h']:.3f}",
+                  f"{o['spot_usd_per_h']:.3f}" if o["spot_usd_per_h"] is not None else "-", f"{o['network_gbps']:g}")
+    console.print(t)
+
+
+@catalog.command("models")
+@click.option("--config-json", "config_json", type=click.Path(), default=None,
+              help="Describe this Hugging Face config.json instead of the built-ins.")
+@_json_opt
+def catalog_models(config_json: str | None, as_json: bool) -> None:
+    """Built-in model specs and their derived sizes (or one config.json of yours)."""
+    from coral.catalog import builtin_model, builtin_model_names, load_hf_config
+
+    specs = [load_hf_config(config_json)] if config_json else [builtin_model(n) for n in builtin_model_names()]
+    rows = [{"name": m.name, "architecture": m.architecture, "layers": m.num_layers, "total_params_b": m.total_params / 1e9,
+             "active_params_b": m.active_params / 1e9, "weights_gib": m.weights_bytes / 2**30,
+             "layer_weight_gib": m.layer_weight_bytes / 2**30, "kv_bytes_per_token": m.kv_bytes_per_token,
+             "experts": m.num_experts, "sliding_layers": m.sliding_layers} for m in specs]
+    if as_json:
+        return _emit_json(rows)
+    t = Table(title="Models")
+    for col in ("name", "arch", "layers", "params B (active)", "weights GiB", "GiB/layer", "KV B/token", "MoE", "sliding"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["architecture"].removesuffix("ForCausalLM"), str(r["layers"]),
+                  f"{r['total_params_b']:.1f} ({r['active_params_b']:.1f})", f"{r['weights_gib']:.1f}",
+                  f"{r['layer_weight_gib']:.2f}", f"{r['kv_bytes_per_token']:,.0f}",
+                  f"{r['experts']}" if r["experts"] else "-", str(r["sliding_layers"] or "-"))
+    console.print(t)
+
+
+# --- perf --------------------------------------------------------------------------------------
+
+@main.command("perf")
+@click.option("--model", required=True, help="Built-in model name (see `coral catalog models`) or a config.json path.")
+@click.option("--node", required=True, help="Node configuration, e.g. 1xA100-40GB (see `coral catalog configs`).")
+@click.option("--phase", type=click.Choice(["prefill", "decode"]), required=True)
+@click.option("--batch", type=click.IntRange(min=1), required=True, help="Micro-batch size (requests).")
+@click.option("--prompt-tokens", type=click.FloatRange(min=1), required=True, help="Mean prompt length.")
+@click.option("--output-tokens", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Mean output length (decode attends over prompt + output/2).")
+@click.option("--stages", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Pipeline depth (decode holds KV for this many micro-batches).")
+@click.option("--profile", type=click.Path(), default=None,
+              help="Time layers with this profile CSV (or Helix profile folder) instead of the roofline.")
+@_json_opt
+def perf_cmd(model: str, node: str, phase: str, batch: int, prompt_tokens: float, output_tokens: float,
+             stages: int, profile: str | None, as_json: bool) -> None:
+    """Per-layer time, one-node throughput and memory cap of MODEL on NODE (DESIGN §2)."""
+    from coral.catalog import builtin_catalog, builtin_model, builtin_model_names, load_hf_config
+    from coral.errors import unknown
+    from coral.perf import Phase, RooflinePerf, Shape, load_profile_csv, profile_from_helix
+
+    cat = builtin_catalog()
+    cfg = cat.config(node)
+    if model.endswith(".json") or "/" in model:
+        spec = load_hf_config(model)
+    elif model in builtin_model_names():
+        spec = builtin_model(model)
+    else:
+        raise unknown("model", model, builtin_model_names())
+    perf: Any = RooflinePerf()
+    if profile:
+        perf = profile_from_helix(profile, cat) if Path(profile).is_dir() else load_profile_csv(profile, cat, fallback=perf)
+    shape = Shape(phase=Phase(phase), batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+    layer_s = perf.layer_time_s(cfg, spec, shape)
+    caps = {name: perf.max_layers(cfg, spec, shape, stages=stages, first=f, last=la)
+            for name, f, la in (("middle", False, False), ("first", True, False), ("last", False, True), ("only", True, True))}
+    whole_s = spec.num_layers * layer_s + perf.stage_extra_s(cfg, spec, shape, first=True, last=True)
+    out = {
+        "model": spec.name, "node": cfg.name, "phase": phase, "batch": batch, "prompt_tokens": prompt_tokens,
+        "output_tokens": output_tokens, "backend": perf.version,
+        "layer_ms": layer_s * 1e3,
+        "throughput_tok_per_s": shape.work_tokens / layer_s,
+        "max_layers": caps["middle"], "max_layers_by_position": caps,
+        "whole_model_ms": whole_s * 1e3, "whole_model_fits": caps["only"] >= spec.num_layers,
+        "weights_gib_per_layer": spec.layer_weight_bytes / 2**30,
+        "kv_transfer_ms_per_request": perf.kv_transfer_s(spec, prompt_tokens, cfg, cfg) * 1e3,
+    }
+    if isinstance(perf, RooflinePerf):
+        flops, nbytes = perf.layer_flops_bytes(spec, shape)
+        out.update(layer_gflops=flops / 1e9, layer_gbytes=nbytes / 1e9,
+                   bound="compute" if flops / (cfg.gpu.bf16_tflops * 1e12 * perf.eff(cfg).flops) >
+                   nbytes / (cfg.gpu.hbm_gb_per_s * 1e9 * perf.eff(cfg).bandwidth) else "memory")
+    if as_json:
+        return _emit_json(out)
+    t = Table(title=f"{spec.name} {phase} on {cfg.name} (batch {batch}, prompt {prompt_tokens:g}, output {output_tokens:g})",
+              show_header=False)
+    t.add_row("per-layer time", f"{out['layer_ms']:.3f} ms" + (f"  ({out['bound']}-bound)" if "bound" in out else ""))
+    t.add_row("one-layer throughput", f"{out['throughput_tok_per_s']:,.0f} tok/s")
+    t.add_row("whole model on one node", f"{out['whole_model_ms']:.1f} ms" + ("" if out["whole_model_fits"] else "  (does not fit)"))
+    t.add_row("memory cap (layers)", f"{caps['middle']} middle / {caps['first']} first / {caps['last']} last / {caps['only']} alone")
+    t.add_row("KV transfer per request", f"{out['kv_transfer_ms_per_request']:.2f} ms")
+    t.add_row("backend", perf.version)
+    console.print(t)
+
+
+# --- scenario ------------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+def scenario() -> None:
+    """Scenarios: models + SLOs + workloads, configurations, regions, prices, planner knobs."""
+
+
+@scenario.command("list")
+def scenario_list() -> None:
+    """Built-in scenario names."""
+    from coral.scenario import builtin_scenario_names, load_scenario
+
+    for name in builtin_scenario_names():
+        click.echo(f"{name:10s} {load_scenario(name).description}")
+
+
+def scenario_summary(s: Any) -> dict[str, Any]:
+    from coral.perf import Phase
+
+    return {
+        "name": s.name, "description": s.description,
+        "models": [{"name": m.name, "spec": m.spec.name, "ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms,
+                    "rate_per_s": m.rate_per_s, "dataset": m.workload.dataset,
+                    "prompt_tokens_mean": m.prompt_tokens_mean, "output_tokens_mean": m.output_tokens_mean,
+                    "demand_prefill_tok_per_s": m.demand_tok_per_s(Phase.PREFILL, s.planner.target_utilization),
+                    "demand_decode_tok_per_s": m.demand_tok_per_s(Phase.DECODE, s.planner.target_utilization),
+                    "regions": list(m.regions) if m.regions else "all"} for m in s.models],
+        "configs": [c.name for c in s.configs],
+        "regions": [{"name": r, "offers": [{"config": c, "price_usd_per_h": s.prices[(r, c)],
+                                            "available": s.availability[(r, c)]}
+                                           for c in (cfg.name for cfg in s.configs) if (r, c) in s.prices]}
+                    for r in s.regions],
+        "perf": s.perf.version, "planner": s.planner.model_dump(),
+    }
+
+
+@scenario.command("show")
+@click.argument("name")
+@_json_opt
+def scenario_show(name: str, as_json: bool) -> None:
+    """Print scenario NAME (built-in name or YAML path) resolved: specs, demand, prices, availability."""
+    from coral.scenario import load_scenario
+
+    s = load_scenario(name)
+    data = scenario_summary(s)
+    if as_json:
+        return _emit_json(data)
+    console.print(f"[bold]{s.name}[/]: {s.description}")
+    t = Table(title="Models")
+    for col in ("model", "TTFT ms", "TPOT ms", "req/s", "dataset", "P̄ / D̄ tokens", "demand prefill / decode tok/s"):
+        t.add_column(col)
+    for m in data["models"]:
+        t.add_row(m["name"], f"{m['ttft_ms']:g}", f"{m['tpot_ms']:g}", f"{m['rate_per_s']:g}", m["dataset"],
+                  f"{m['prompt_tokens_mean']:.0f} / {m['output_tokens_mean']:.0f}",
+                  f"{m['demand_prefill_tok_per_s']:,.0f} / {m['demand_decode_tok_per_s']:,.0f}")
+    console.print(t)
+    t = Table(title="Offers ($/h, available nodes)")
+    t.add_column("config")
+    for r in s.regions:
+        t.add_column(r)
+    for c in data["configs"]:
+        cells = [f"{s.prices[(r, c)]:.2f} x{s.availability[(r, c)]}" if (r, c) in s.prices else "-" for r in s.regions]
+        t.add_row(c, *cells)
+    console.print(t)
+    console.print(f"perf model: {s.perf.version}; planner: {s.planner.model_dump()}")
+
+
+# --- calibrate -------------------------------------------------------------------------------
+
+@main.command("calibrate")
+@click.option("--profiles", type=click.Path(), default=None,
+              help="Folder of Helix *_bs2time.csv files (default: shared/data/profiles/helix_llama2_70b).")
+@click.option("--data-dir", type=click.Path(), default=None, help="Copy of shared/data (default: $CORAL_DATA_DIR or ../shared/data).")
+@click.option("--all-points", is_flag=True, help="Print every point, not a summary per node and phase.")
+@_json_opt
+def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, as_json: bool) -> None:
+    """Fit per-GPU efficiencies to Helix's measured per-layer LLaMA-2-70B latencies; print
+    predicted vs measured, in-sample and leave-one-GPU-out."""
+    from collections import defaultdict
+    from statistics import fmean
+
+    from coral.catalog import builtin_catalog, builtin_model
+    from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
+    from coral.workload_data import shared_data_dir
+
+    folder = profiles or str(shared_data_dir(data_dir) / "profiles" / "helix_llama2_70b")
+    points = load_helix_profiles(folder, builtin_catalog())
+    fitted, rows = calibrate(builtin_model("llama-2-70b"), points)
+    summary = summarize(rows)
+    if as_json:
+        return _emit_json({"fitted": {k: asdict(v) for k, v in fitted.items()}, "summary": summary,
+                           "points": [asdict(r) for r in rows]})
+    t = Table(title="Fitted efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
+    for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
+        t.add_column(col)
+    for g, e in fitted.items():
+        t.add_row(g, f"{e.flops:.3f}", f"{e.decode_flops or e.flops:.3f}", f"{e.bandwidth:.3f}", f"{e.layer_overhead_s * 1e6:.0f}")
+    console.print(t)
+    t = Table(title="Predicted vs measured per-layer ms (points with >= 250 prompt tokens or decode batch >= 8)")
+    for col in ("node", "phase", "tokens" if all_points else "points", "measured", "predicted", "error", "leave-one-GPU-out error"):
+        t.add_column(col, justify="right")
+    if all_points:
+        for r in rows:
+            t.add_row(r.config, r.phase, str(r.tokens), f"{r.measured_ms:.2f}", f"{r.predicted_ms:.2f}",
+                      f"{r.error:+.1%}", f"{r.loo_error:+.1%}")
+    else:
+        groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for r in rows:
+            if r.counted:
+                groups[(r.config, r.phase)].append(r)
+        for (cfg, ph), rs in groups.items():
+            t.add_row(cfg, ph, str(len(rs)), f"{fmean(r.measured_ms for r in rs):.2f} (mean)",
+                      f"{fmean(r.predicted_ms for r in rs):.2f} (mean)", f"{fmean(abs(r.error) for r in rs):.1%} (MAE)",
+                      f"{fmean(abs(r.loo_error) for r in rs):.1%} (MAE)")
+    console.print(t)
+    console.print(f"median |error| {summary['median_abs_error']:.1%}, mean {summary['mean_abs_error']:.1%}, "
+                  f"p90 {summary['p90_abs_error']:.1%} over {summary['counted_points']:.0f} points; "
+                  f"leave-one-GPU-out median {summary['loo_median_abs_error']:.1%}, mean {summary['loo_mean_abs_error']:.1%}")
+
+
+# --- templates -------------------------------------------------------------------------------------
+
+@main.group(cls=_Group)
+def templates() -> None:
+    """Serving templates: throughput-optimal placements of a model on node multisets (DESIGN §3)."""
+
+
+def _placement_table(tmpl_dict: dict[str, Any], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("stage", "nodes (data parallel)", "layers", "stage time ms", "stage tok/s"):
+        t.add_column(col)
+    start = 0
+    for i, st in enumerate(tmpl_dict["stages"]):
+        t.add_row(str(i), " + ".join(st["nodes"]), f"{start}-{start + st['layers'] - 1} ({st['layers']})",
+                  f"{st['stage_time_ms']:.1f}", f"{st['throughput_tok_per_s']:,.0f}")
+        start += st["layers"]
+    return t
+
+
+@templates.command("solve")
+@click.option("--model", required=True, help="Built-in model name or config.json path.")
+@click.option("--phase", type=click.Choice(["prefill", "decode"]), required=True)
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), required=True, help="TTFT (prefill) or TPOT (decode) budget.")
+@click.option("--nodes", required=True, help="Comma-separated node multiset, e.g. 1xL4,1xL40S,1xL40S.")
+@click.option("--prompt-tokens", type=click.FloatRange(min=1), default=1024.0, show_default=True)
+@click.option("--output-tokens", type=click.FloatRange(min=0), default=256.0, show_default=True)
+@click.option("--solver", type=click.Choice(["exact", "ilp"]), default="exact", show_default=True)
+@click.option("--backend", type=click.Choice(["highs", "cpsat"]), default="highs", show_default=True, help="ILP backend (with --solver ilp).")
+@click.option("--batches", default="1,2,4,8,16,32,64,128", show_default=True, help="Micro-batch sizes to try.")
+@click.option("--n-max", type=click.IntRange(1, 8), default=6, show_default=True)
+@_json_opt
+def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_tokens: float, output_tokens: float,
+                    solver: str, backend: str, batches: str, n_max: int, as_json: bool) -> None:
+    """Solve one template: the best placement of MODEL on a node multiset under an SLO."""
+    from coral.catalog import builtin_catalog, builtin_model, builtin_model_names, load_hf_config
+    from coral.errors import unknown
+    from coral.perf import Phase, RooflinePerf
+    from coral.templates.library import (
+        TemplateSpec,
+        _Timings,
+        check_multiset,
+        solve_multiset,
+        template_to_dict,
+    )
+    from coral.templates.template import Template
+
+    cat = builtin_catalog()
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    check_multiset(names, n_max)
+    configs = tuple({c.name: c for c in (cat.config(n) for n in names)}.values())
+    names = sorted(cat.config(n).name for n in names)
+    if model.endswith(".json") or "/" in model:
+        spec = load_hf_config(model)
+    elif model in builtin_model_names():
+        spec = builtin_model(model)
+    else:
+        raise unknown("model", model, builtin_model_names())
+    try:
+        grid = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
+    except ValueError:
+        raise CoralError(f"--batches must be comma-separated integers, got {batches!r}") from None
+    if not grid or grid[0] < 1:
+        raise CoralError("--batches must list integers >= 1")
+    ph = Phase(phase)
+    if ph is Phase.PREFILL:
+        grid = tuple(b for b in grid if b <= 8) or (1,)
+    tspec = TemplateSpec(model=spec, phase=ph, slo_ms=slo_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                         configs=configs, n_max=max(n_max, len(names)), rho=1e9, batches=grid)
+    perf = RooflinePerf()
+    timings = _Timings(perf, tspec)
+    solve_fn = None
+    if solver == "ilp":
+        from coral.solver import SolveOptions
+        from coral.templates.ilp import solve_placement_ilp
+
+        opts = SolveOptions(backend=backend, time_limit_s=120.0, mip_gap=1e-7)
+
+        def solve_fn(problem: Any, floor: float) -> Any:
+            placement, _ = solve_placement_ilp(problem, opts)
+            return placement if placement is not None and placement.throughput_tok_per_s > floor else None
+
+    t0 = time.perf_counter()
+    placement = solve_multiset(timings, names, solver=solve_fn)
+    wall = time.perf_counter() - t0
+    if placement is None:
+        reason = _infeasible_reason(perf, spec, ph, configs, names, tspec, timings)
+        out = {"feasible": False, "reason": reason, "model": spec.name, "phase": phase, "slo_ms": slo_ms, "nodes": names,
+               "solve_s": wall}
+        if as_json:
+            return _emit_json(out)
+        console.print(f"[bold red]infeasible:[/] {reason}")
+        return
+    tmpl = Template(model=spec.name, phase=ph, slo_ms=slo_ms, nodes=tuple(names), placement=placement)
+    d = template_to_dict(tmpl)
+    out = {"feasible": True, **d, "solver": solver, "solve_s": wall,
+           "latency_breakdown_ms": {"stages": [s["stage_time_ms"] for s in d["stages"]],
+                                    "communication": placement.comm_s * 1e3 * (len(placement.stages) - 1)}}
+    if as_json:
+        return _emit_json(out)
+    console.print(_placement_table(d, f"{spec.name} {phase} on {' + '.join(names)}  (SLO {slo_ms:g} ms)"))
+    console.print(f"throughput [bold]{placement.throughput_tok_per_s:,.0f} tok/s[/], micro-batch {placement.micro_batch}, "
+                  f"latency {placement.latency_s * 1e3:.1f} ms = stages {' + '.join(f'{s.time_s * 1e3:.1f}' for s in placement.stages)}"
+                  f" + comm {placement.comm_s * 1e3 * (len(placement.stages) - 1):.1f}; solved in {wall:.2f} s ({solver})")
+
+
+def _infeasible_reason(perf: Any, spec: Any, ph: Any, configs: Any, names: list[str], tspec: Any, timings: Any) -> str:
+    """Say why a multiset has no placement: memory short, or the SLO below the fastest latency."""
+    mem = sum(c.memory_bytes for c in (next(x for x in configs if x.name == n) for n in names)) * perf.system.memory_utilization
+    if mem < spec.weights_bytes:
+        return f"memory short by {(spec.weights_bytes - mem) / 2**30:.1f} GiB (weights {spec.weights_bytes / 2**30:.1f} GiB)"
+    b = min(tspec.batches)
+    t_min = min(timings.t[(n, b)] for n in names)
+    lat = spec.num_layers * t_min
+    if lat > tspec.slo_ms / 1e3:
+        return f"SLO {tspec.slo_ms:g} ms is below the minimum achievable latency {lat * 1e3:.1f} ms (micro-batch {b})"
+    return "no placement fits both memory (incl. KV cache) and the SLO at any pipeline depth and micro-batch"
+
+
+def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
+    from coral.templates.library import default_cache_dir
+
+    if no_cache:
+        return None
+    return Path(cache_dir) if cache_dir else default_cache_dir()
+
+
+@templates.command("build")
+@click.option("--scenario", "scenario_name", required=True, help="Built-in scenario name or YAML path.")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
+@click.option("--n-max", type=click.IntRange(1, 8), default=None, help="Override the scenario's n_max.")
+@click.option("--rho", type=click.FloatRange(min=1), default=None, help="Override the scenario's rho.")
+@click.option("--model", "models", multiple=True, help="Only these models (repeatable).")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Cache folder (default ~/.cache/coral/templates or $CORAL_CACHE_DIR).")
+@click.option("--no-cache", is_flag=True, help="Neither read nor write the cache.")
+@_json_opt
+def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
+                    rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
+    """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coral.scenario import load_scenario
+    from coral.templates.library import build_library, specs_for
+
+    s = load_scenario(scenario_name)
+    for m in models:
+        s.model(m)
+    units = len(specs_for(s, n_max, rho, models or None))
+    t0 = time.perf_counter()
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} model-phases"),
+                  TimeElapsedColumn(), console=err_console, disable=as_json) as bar:
+        task = bar.add_task(f"building templates ({jobs} job{'s' if jobs > 1 else ''})", total=units)
+
+        def progress(st: Any) -> None:
+            bar.advance(task)
+            rate = st.solved / st.wall_s if st.wall_s > 0 else 0
+            bar.console.print(f"  {st.model} {st.phase.value}: {st.memory_ok} tried, {st.solved} solved, "
+                              f"{st.feasible} feasible, {st.kept} kept in {st.wall_s:.1f} s"
+                              + (" (cached)" if st.cached else f" ({rate:,.0f} multisets/s)"))
+
+        lib = build_library(s, jobs=jobs, cache_dir=_cache_dir(cache_dir, no_cache), n_max=n_max, rho=rho,
+                            models=models or None, progress=progress, executor=executor, address=address)
+    wall = time.perf_counter() - t0
+    rows = [{**asdict(st), "phase": st.phase.value} for st in lib.stats]
+    if as_json:
+        return _emit_json({"scenario": s.name, "wall_s": wall, "templates": len(lib.templates), "units": rows})
+    t = Table(title=f"Template library of {s.name} ({wall:.1f} s)")
+    for col in ("model", "phase", "multisets", "memory ok (tried)", "solved", "feasible", "kept", "s", "cached"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["model"], r["phase"], str(r["multisets"]), str(r["memory_ok"]), str(r["solved"]), str(r["feasible"]),
+                  str(r["kept"]), f"{r['wall_s']:.1f}", "yes" if r["cached"] else "")
+    console.print(t)
+
+
+@templates.command("show")
+@click.option("--scenario", "scenario_name", required=True)
+@click.option("--model", default=None)
+@click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None)
+@click.option("--region", default=None, help="Price templates in this region (default: the scenario's first).")
+@click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--n-max", type=click.IntRange(1, 8), default=None)
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None)
+@_json_opt
+def templates_show(scenario_name: str, model: str | None, phase: str | None, region: str | None, top: int,
+                   n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
+    """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
+    from coral.perf import Phase
+    from coral.scenario import load_scenario
+    from coral.templates.library import build_library, template_to_dict
+
+    s = load_scenario(scenario_name)
+    region = region or s.regions[0]
+    if region not in s.regions:
+        from coral.errors import unknown
+
+        raise unknown("region", region, s.regions)
+    models = [s.model(model).name] if model else None
+    lib = build_library(s, cache_dir=_cache_dir(cache_dir, False), n_max=n_max, models=models)
+    prices = {c: p for (r, c), p in s.prices.items() if r == region}
+    out = []
+    for m in s.models:
+        if models and m.name not in models:
+            continue
+        for ph in ([Phase(phase)] if phase else list(Phase)):
+            ranked = []
+            for t in lib.of(m.name, ph):
+                if all(c in prices for c in t.counts):
+                    cost = t.price_usd_per_h(prices)
+                    ranked.append((t.throughput_tok_per_s / cost, cost, t))
+            ranked.sort(key=lambda x: -x[0])
+            for per_usd, cost, t in ranked[:top]:
+                out.append({**template_to_dict(t), "region": region, "cost_usd_per_h": cost,
+                            "tok_per_s_per_usd_h": per_usd, "homogeneous": t.is_homogeneous})
+    if as_json:
+        return _emit_json(out)
+    t = Table(title=f"Best templates by throughput per $ in {region}")
+    for col in ("model", "phase", "nodes", "kind", "stages (layers)", "b", "tok/s", "$/h", "tok/s per $/h", "latency ms"):
+        t.add_column(col)
+    for r in out:
+        t.add_row(r["model"], r["phase"], " + ".join(r["nodes"]), "homo" if r["homogeneous"] else "[bold]hetero[/]",
+                  " | ".join(f"{'+'.join(st['nodes'])}:{st['layers']}" for st in r["stages"]), str(r["micro_batch"]),
+                  f"{r['throughput_tok_per_s']:,.0f}", f"{r['cost_usd_per_h']:.2f}", f"{r['tok_per_s_per_usd_h']:,.0f}",
+                  f"{r['latency_ms']:.0f}")
+    console.print(t)
+
+
+# --- demo ------------------------------------------------------------------------------------------
+
+@main.command("demo")
+def demo() -> None:
+    """The main job on the built-in `core` scenario (what `make demo` runs)."""
+    ctx = click.get_current_context()
+    console.rule("coral catalog configs")
+    ctx.invoke(catalog_configs, prices=None, as_json=False)
+    console.rule("coral scenario show core")
+    ctx.invoke(scenario_show, name="core", as_json=False)
+    console.rule("coral perf --model llama-2-70b --node 1xA100-40GB --phase prefill --batch 1 --prompt-tokens 1000")
+    ctx.invoke(perf_cmd, model="llama-2-70b", node="1xA100-40GB", phase="prefill", batch=1, prompt_tokens=1000.0,
+               output_tokens=0.0, stages=1, profile=None, as_json=False)
+    console.rule("coral templates solve --model qwen3-32b --phase prefill --slo-ms 2500 --nodes 1xL4,1xL40S,1xL40S,2xL40S")
+    ctx.invoke(templates_solve, model="qwen3-32b", phase="prefill", slo_ms=2500.0, nodes="1xL4,1xL40S,1xL40S,2xL40S",
+               prompt_tokens=2047.8, output_tokens=27.9, solver="exact", backend="highs", batches="1,2,4,8", n_max=6,
+               as_json=False)
+
+
+def _register_optional() -> None:
+    """Commands whose modules may need optional extras are added only when importable."""
+    try:
+        from coral.runtime.cli import serve
+    except ImportError:
+        return
+    main.add_command(serve)
+
+
+_register_optional()
+
+if __name__ == "__main__":
+    main()

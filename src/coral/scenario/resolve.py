@@ -1,0 +1,223 @@
+"""Turn a scenario file into domain values: model specs, configurations, prices, availability, perf model."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
+from coral.catalog.hardware import NodeConfig
+from coral.catalog.models import ModelSpec, builtin_model, builtin_model_names, load_hf_config
+from coral.errors import CoralError, unknown
+from coral.perf.model import PerfModel, Phase, SystemParams
+from coral.perf.profile import load_profile_csv, profile_from_helix
+from coral.perf.roofline import RooflinePerf
+from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile, WorkloadEntry
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServedModel:
+    """A model with its SLOs and the workload shape that sizes its templates and demand."""
+
+    name: str
+    spec: ModelSpec
+    ttft_ms: float
+    tpot_ms: float
+    rate_per_s: float
+    prompt_tokens_mean: float
+    output_tokens_mean: float
+    workload: WorkloadEntry
+    regions: tuple[str, ...] | None = None
+
+    def slo_ms(self, phase: Phase) -> float:
+        return self.ttft_ms if phase is Phase.PREFILL else self.tpot_ms
+
+    def demand_tok_per_s(self, phase: Phase, target_utilization: float = 1.0) -> float:
+        """`D_{m,φ} = λ·P̄ / u` for prefill, `λ·D̄ / u` for decode (tokens/s)."""
+        per_req = self.prompt_tokens_mean if phase is Phase.PREFILL else self.output_tokens_mean
+        return self.rate_per_s * per_req / target_utilization
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """A resolved scenario: everything the planner, simulator and runtime read."""
+
+    name: str
+    description: str
+    models: tuple[ServedModel, ...]
+    configs: tuple[NodeConfig, ...]
+    regions: tuple[str, ...]
+    prices: Mapping[tuple[str, str], float]
+    availability: Mapping[tuple[str, str], int]
+    perf: PerfModel
+    planner: PlannerEntry
+    catalog: Catalog = field(repr=False)
+    source: ScenarioFile = field(repr=False)
+
+    def model(self, name: str) -> ServedModel:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise unknown("model", name, [m.name for m in self.models])
+
+    def config(self, name: str) -> NodeConfig:
+        for c in self.configs:
+            if c.name == name:
+                return c
+        raise unknown("configuration", name, [c.name for c in self.configs])
+
+
+def builtin_scenario_names() -> tuple[str, ...]:
+    folder = resources.files("coral.scenario").joinpath("builtin")
+    return tuple(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
+
+
+def _format_validation(exc: ValidationError, where: str) -> str:
+    lines = [f"scenario {where} is not valid:"]
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {path}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_scenario(data: Any, where: str) -> ScenarioFile:
+    """Validate a parsed YAML document as a scenario.
+
+    Raises:
+        CoralError: listing each bad field by its path and what was expected.
+    """
+    if not isinstance(data, dict):
+        raise CoralError(f"scenario {where} must be a YAML mapping at the top level")
+    try:
+        return ScenarioFile.model_validate(data)
+    except ValidationError as exc:
+        raise CoralError(_format_validation(exc, where)) from None
+
+
+def read_scenario_file(name_or_path: str) -> tuple[ScenarioFile, Path | None]:
+    """Read a built-in scenario by name, or a YAML file by path."""
+    if name_or_path in builtin_scenario_names():
+        text = resources.files("coral.scenario").joinpath("builtin", f"{name_or_path}.yaml").read_text()
+        base = None
+        where = name_or_path
+    else:
+        p = Path(name_or_path)
+        if not p.exists():
+            if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+                raise CoralError(f"scenario file {p} does not exist")
+            raise unknown("scenario", name_or_path, builtin_scenario_names())
+        text, base, where = p.read_text(), p.parent, str(p)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CoralError(f"scenario {where} is not valid YAML: {exc}") from None
+    return parse_scenario(data, where), base
+
+
+def _resolve_path(path: str, base: Path | None) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() or base is None else base / p
+
+
+def _model_spec(entry: ModelEntry, base: Path | None) -> ModelSpec:
+    spec = entry.spec or entry.name
+    if spec in builtin_model_names():
+        return builtin_model(spec)
+    if spec.endswith(".json") or "/" in spec:
+        return load_hf_config(_resolve_path(spec, base), name=entry.name)
+    raise unknown("model", spec, builtin_model_names())
+
+
+def _derived_price(catalog: Catalog, region: str, config: NodeConfig) -> float | None:
+    """Per-GPU price of the nearest sold shape of the same GPU in the region, times the GPU count."""
+    sold = []
+    for (r, c), offer in catalog.offers.items():
+        cfg = catalog.configs[c]
+        if r == region and cfg.gpu.name == config.gpu.name:
+            sold.append((abs(cfg.count - config.count), -cfg.count, offer.price_usd_per_h / cfg.count))
+    return min(sold)[2] * config.count if sold else None
+
+
+def _perf_model(file: ScenarioFile, catalog: Catalog, base: Path | None) -> PerfModel:
+    system = SystemParams(memory_utilization=file.perf.memory_utilization,
+                          network_latency_s=file.perf.network_latency_ms / 1e3)
+    roofline = RooflinePerf(system=system)
+    if file.perf.backend == "roofline":
+        return roofline
+    if file.perf.backend == "profile":
+        assert file.perf.profile is not None
+        return load_profile_csv(_resolve_path(file.perf.profile, base), catalog, fallback=roofline)
+    folder = file.perf.profile
+    if folder is None:
+        from coral.workload_data import shared_data_dir
+
+        folder = str(shared_data_dir() / "profiles" / "helix_llama2_70b")
+    return profile_from_helix(_resolve_path(folder, base), catalog, fallback=roofline)
+
+
+def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | None = None) -> Scenario:
+    """Resolve names against the catalog; price and bound every (region, configuration).
+
+    Raises:
+        CoralError / UnknownNameError: an unknown model, configuration or region, naming the valid ones.
+    """
+    catalog = catalog or builtin_catalog()
+    if file.prices_csv:
+        catalog = load_prices_csv(_resolve_path(file.prices_csv, base), catalog)
+    configs = tuple(catalog.config(c) for c in file.configs)
+    names = [c.name for c in configs]
+    if len(set(names)) != len(names):
+        raise CoralError(f"scenario {file.name}: configs lists a configuration twice: {names}")
+    regions = tuple(catalog.check_region(r.name) for r in file.regions)
+    prices: dict[tuple[str, str], float] = {}
+    availability: dict[tuple[str, str], int] = {}
+    for region in file.regions:
+        for key in [*region.prices, *region.availability]:
+            if key not in names:
+                raise CoralError(f"scenario {file.name}: region {region.name} names configuration {key!r}, "
+                                 f"which is not in configs ({', '.join(names)})")
+        for cfg in configs:
+            price = region.prices.get(cfg.name)
+            if price is None:
+                offer = catalog.offers.get((region.name, cfg.name))
+                price = offer.price_usd_per_h if offer else None
+            if price is None and file.derive_missing_prices:
+                price = _derived_price(catalog, region.name, cfg)
+            if price is None:
+                continue  # not sold there
+            prices[(region.name, cfg.name)] = price
+            availability[(region.name, cfg.name)] = region.availability.get(cfg.name, file.default_availability)
+    models = []
+    for entry in file.models:
+        p_mean, d_mean = entry.workload.means
+        if entry.regions:
+            for r in entry.regions:
+                if r not in regions:
+                    raise unknown("region", r, regions)
+        models.append(ServedModel(
+            name=entry.name, spec=_model_spec(entry, base), ttft_ms=entry.ttft_ms, tpot_ms=entry.tpot_ms,
+            rate_per_s=entry.workload.rate_per_s, prompt_tokens_mean=p_mean, output_tokens_mean=d_mean,
+            workload=entry.workload, regions=tuple(entry.regions) if entry.regions else None))
+    return Scenario(name=file.name, description=file.description, models=tuple(models), configs=configs,
+                    regions=regions, prices=prices, availability=availability,
+                    perf=_perf_model(file, catalog, base), planner=file.planner, catalog=catalog, source=file)
+
+
+def load_scenario(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Load a built-in scenario by name or a YAML file, apply `overrides` (top-level keys, e.g.
+    `{'planner': {...}}` merged one level deep), validate and resolve it."""
+    file, base = read_scenario_file(name_or_path)
+    if overrides:
+        data = file.model_dump()
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(data.get(key), dict):
+                data[key] = {**data[key], **value}
+            else:
+                data[key] = value
+        file = parse_scenario(data, f"{name_or_path} (with overrides)")
+    return resolve(file, base)

@@ -1,0 +1,155 @@
+"""Scenario file schema (YAML), validated once at the edge with pydantic.
+
+A scenario says which models to serve (with SLOs and workloads), which node configurations
+in which regions may be rented (prices, availability), which performance model to use and
+the planner's knobs. `coral scenario show NAME` prints one resolved.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# Mean request lengths of the built-in datasets (prompt, output tokens), measured on the
+# public traces in shared/data: Azure 2023 code and conversation (complete), BurstGPT's first
+# 400 rows without failed or empty requests. A scenario may override both.
+DATASET_MEANS: dict[str, tuple[float, float]] = {
+    "azure-code": (2047.8, 27.9),
+    "azure-conv": (1154.7, 211.1),
+    "burstgpt": (543.6, 288.8),
+}
+
+
+class WorkloadEntry(_Strict):
+    """One model's traffic."""
+
+    rate_per_s: float = Field(gt=0, allow_inf_nan=False, description="Mean arrival rate in requests per second.")
+    dataset: str = Field("azure-conv", description=(
+        "Where request lengths and arrival times come from: 'azure-code', 'azure-conv', 'burstgpt', "
+        "'synthetic', 'synthetic-azure-code', 'synthetic-azure-conv', or a path to a CSV trace."))
+    arrival: Literal["trace", "poisson", "gamma"] = Field("trace", description=(
+        "Arrival process: replay the trace's (rescaled) timestamps, or draw Poisson / Gamma arrivals."))
+    cv: float = Field(1.0, gt=0, allow_inf_nan=False, description="Coefficient of variation of Gamma inter-arrivals (1 = Poisson).")
+    prompt_tokens_mean: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "Mean prompt length used to size templates and demand; default: the dataset's measured mean."))
+    output_tokens_mean: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
+        "Mean output length used to size templates and demand; default: the dataset's measured mean."))
+
+    @model_validator(mode="after")
+    def _means_known(self) -> WorkloadEntry:
+        base = self.dataset.removeprefix("synthetic-")
+        if (self.prompt_tokens_mean is None or self.output_tokens_mean is None) and base not in DATASET_MEANS:
+            raise ValueError(f"dataset {self.dataset!r} has no built-in mean lengths: set prompt_tokens_mean and output_tokens_mean")
+        return self
+
+    @property
+    def means(self) -> tuple[float, float]:
+        base = DATASET_MEANS.get(self.dataset.removeprefix("synthetic-"), (0.0, 0.0))
+        return (self.prompt_tokens_mean or base[0], self.output_tokens_mean or base[1])
+
+
+class ModelEntry(_Strict):
+    """A model to serve, its SLOs and workload."""
+
+    name: str = Field(description="Name the model is served and reported under.")
+    spec: str | None = Field(None, description=(
+        "Built-in model name (e.g. 'qwen3-32b') or a path to a Hugging Face config.json; default: `name`."))
+    ttft_ms: float = Field(gt=0, allow_inf_nan=False, description="Time-to-first-token SLO (prefill latency budget), ms.")
+    tpot_ms: float = Field(gt=0, allow_inf_nan=False, description="Time-per-output-token SLO (decode step budget), ms.")
+    workload: WorkloadEntry = Field(description="The model's traffic.")
+    regions: list[str] | None = Field(None, description="Regions this model may run in (data residency); default: all.")
+
+
+class RegionEntry(_Strict):
+    """A region and what can be rented there."""
+
+    name: str = Field(description="Region as '<cloud>:<region>', e.g. 'aws:us-east-2'.")
+    prices: dict[str, float] = Field(default_factory=dict, description=(
+        "Price overrides in $/h per node configuration (e.g. {'1xL4': 0.80}); others come from the catalog."))
+    availability: dict[str, int] = Field(default_factory=dict, description=(
+        "Nodes available per configuration; configurations not listed get the scenario's default_availability."))
+
+    @field_validator("prices")
+    @classmethod
+    def _prices_ok(cls, v: dict[str, float]) -> dict[str, float]:
+        for cfg, price in v.items():
+            if not (price >= 0) or price == float("inf"):
+                raise ValueError(f"price of {cfg} must be a finite number >= 0, got {price}")
+        return v
+
+    @field_validator("availability")
+    @classmethod
+    def _avail_ok(cls, v: dict[str, int]) -> dict[str, int]:
+        for cfg, count in v.items():
+            if count < 0:
+                raise ValueError(f"availability of {cfg} must be >= 0, got {count}")
+        return v
+
+
+class PerfEntry(_Strict):
+    """Which performance model times the templates."""
+
+    backend: Literal["roofline", "profile", "helix"] = Field("roofline", description=(
+        "'roofline' (analytical, calibrated), 'profile' (our CSV of measured per-layer latencies), "
+        "'helix' (Helix's per-layer LLaMA-2-70B files)."))
+    profile: str | None = Field(None, description="Profile CSV (backend 'profile') or Helix profile folder (backend 'helix').")
+    memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of GPU memory usable for weights and KV cache.")
+    network_latency_ms: float = Field(0.2, ge=0, allow_inf_nan=False, description="Latency of one inter-stage hop, ms.")
+
+    @model_validator(mode="after")
+    def _profile_needed(self) -> PerfEntry:
+        if self.backend == "profile" and not self.profile:
+            raise ValueError("backend 'profile' needs `profile`: a CSV path")
+        return self
+
+
+class PlannerEntry(_Strict):
+    """Knobs of the template library and the allocator."""
+
+    n_max: int = Field(6, ge=1, le=8, description="Most nodes in one template.")
+    rho: float = Field(12.0, ge=1, allow_inf_nan=False, description="Templates may hold at most rho x the model's weight bytes of GPU memory.")
+    target_utilization: float = Field(0.8, gt=0, le=1, description="Plan capacity = demand / target_utilization.")
+    init_s: float = Field(120.0, ge=0, allow_inf_nan=False, description="Startup time of a new instance (loading weights), s.")
+    epoch_s: float = Field(360.0, gt=0, allow_inf_nan=False, description="Re-planning period, s.")
+    batch_grid: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128], description=(
+        "Micro-batch sizes tried per template (decode); prefill tries the sizes up to prefill_max_batch."))
+    prefill_max_batch: int = Field(8, ge=1, description="Largest prefill micro-batch (prompts) tried.")
+
+    @field_validator("batch_grid")
+    @classmethod
+    def _grid_ok(cls, v: list[int]) -> list[int]:
+        if not v or any(b < 1 for b in v):
+            raise ValueError("batch_grid must be a non-empty list of integers >= 1")
+        return sorted(set(v))
+
+
+class ScenarioFile(_Strict):
+    """A whole scenario."""
+
+    name: str = Field(description="Scenario name.")
+    description: str = Field("", description="What the scenario is for.")
+    models: list[ModelEntry] = Field(min_length=1, description="Models to serve.")
+    configs: list[str] = Field(min_length=1, description="Node configurations that may be rented, e.g. ['1xL4', '2xL40S'].")
+    regions: list[RegionEntry] = Field(min_length=1, description="Regions and their prices / availability.")
+    default_availability: int = Field(64, ge=0, description="Nodes available per (region, configuration) unless listed.")
+    derive_missing_prices: bool = Field(False, description=(
+        "Price a configuration a region does not sell (e.g. AWS has no 2-GPU L40S) at the per-GPU price of the "
+        "nearest shape of the same GPU sold there. Off: such configurations are unavailable in that region."))
+    prices_csv: str | None = Field(None, description="Replace the built-in prices with this CSV (our format or SkyPilot vms.csv).")
+    perf: PerfEntry = Field(default_factory=PerfEntry, description="Performance model.")
+    planner: PlannerEntry = Field(default_factory=PlannerEntry, description="Planner knobs.")
+
+    @model_validator(mode="after")
+    def _unique(self) -> ScenarioFile:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        regions = [r.name for r in self.regions]
+        if len(set(regions)) != len(regions):
+            raise ValueError(f"region names must be unique, got {regions}")
+        return self

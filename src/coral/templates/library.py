@@ -1,0 +1,354 @@
+"""Build the template library of a scenario: enumerate node multisets, solve, prune, cache (DESIGN §3)."""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from coral.catalog.hardware import NodeConfig
+from coral.catalog.models import ModelSpec
+from coral.errors import CoralError
+from coral.perf.model import PerfModel, Phase, Shape
+from coral.templates.exact import solve_exact
+from coral.templates.problem import FIRST, LAST, MIDDLE, ONLY, Placement, PlacementProblem, Stage
+from coral.templates.template import LibraryStats, Template, TemplateLibrary, drop_dominated
+
+LIBRARY_FORMAT = "coral-templates/1"
+POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
+
+ProgressFn = Callable[[int, int], None]  # (done, total) multisets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TemplateSpec:
+    """Everything that determines one (model, phase) library: the cache key is its hash."""
+
+    model: ModelSpec
+    phase: Phase
+    slo_ms: float
+    prompt_tokens: float
+    output_tokens: float
+    configs: tuple[NodeConfig, ...]
+    n_max: int
+    rho: float
+    batches: tuple[int, ...]
+
+    def cache_key(self, perf: PerfModel) -> str:
+        payload = {
+            "format": LIBRARY_FORMAT, "model": asdict(self.model), "phase": self.phase.value, "slo_ms": self.slo_ms,
+            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
+            "batches": list(self.batches), "perf": perf_fingerprint(perf),
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def perf_fingerprint(perf: PerfModel) -> dict[str, Any]:
+    """The performance model's version and parameters (efficiencies, system constants)."""
+    out: dict[str, Any] = {"version": perf.version, "system": asdict(perf.system)}
+    eff = getattr(perf, "efficiency", None)
+    if eff is not None:
+        out["efficiency"] = {k: asdict(v) for k, v in sorted(eff.items())}
+        out["default"] = asdict(perf.default)  # type: ignore[attr-defined]
+    fallback = getattr(perf, "fallback", None)
+    if fallback is not None:
+        out["fallback"] = perf_fingerprint(fallback)
+    return out
+
+
+class _Timings:
+    """Per (config, batch, stages) numbers of the performance model, computed once."""
+
+    def __init__(self, perf: PerfModel, spec: TemplateSpec) -> None:
+        self.spec = spec
+        self.t: dict[tuple[str, int], float] = {}
+        self.o: dict[tuple[str, int], tuple[float, float, float, float]] = {}
+        self.cap: dict[tuple[str, int, int], tuple[int, int, int, int]] = {}
+        self.comm: dict[tuple[str, int], float] = {}
+        self.u: dict[int, float] = {}
+        m = spec.model
+        for b in spec.batches:
+            shape = Shape(phase=spec.phase, batch=b, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens)
+            self.u[b] = shape.work_tokens
+            for c in spec.configs:
+                self.t[(c.name, b)] = perf.layer_time_s(c, m, shape)
+                self.o[(c.name, b)] = tuple(  # type: ignore[assignment]
+                    perf.stage_extra_s(c, m, shape, first=p in (FIRST, ONLY), last=p in (LAST, ONLY)) for p in POSITIONS)
+                self.comm[(c.name, b)] = perf.transfer_s(m, shape, c, c)
+                for s in range(1, spec.n_max + 1):
+                    self.cap[(c.name, b, s)] = tuple(  # type: ignore[assignment]
+                        perf.max_layers(c, m, shape, stages=s, first=p in (FIRST, ONLY), last=p in (LAST, ONLY))
+                        for p in POSITIONS)
+        self.network = {c.name: c.network_bytes_per_s for c in spec.configs}
+
+    def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
+        slowest = min(nodes, key=lambda n: self.network[n])
+        return PlacementProblem(
+            num_layers=self.spec.model.num_layers, stages=stages, batch=batch, nodes=tuple(nodes),
+            t=tuple(self.t[(n, batch)] for n in nodes), o=tuple(self.o[(n, batch)] for n in nodes),
+            cap=tuple(self.cap[(n, batch, stages)] for n in nodes), u=self.u[batch],
+            budget_s=self.spec.slo_ms / 1e3, comm_s=self.comm[(slowest, batch)] if stages > 1 else 0.0)
+
+
+def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
+                   solver: Callable[[PlacementProblem, float], Placement | None] | None = None) -> Placement | None:
+    """The best placement of `nodes` over every pipeline depth and micro-batch, or None when none
+    beats `floor` (the throughput of a sub-multiset: then this multiset is dominated).
+
+    Cheap bounds skip `(S, b)` pairs that cannot win: throughput ≤ `Σ_k u/(t_k·L)` (every layer
+    runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs `Σ_k cap_k ≥ L`.
+    """
+    solve = solver or (lambda p, f: solve_exact(p, f))
+    L = timings.spec.model.num_layers
+    budget = timings.spec.slo_ms / 1e3
+    order = []
+    for b in timings.spec.batches:
+        ts = [timings.t[(n, b)] for n in nodes]
+        ub = sum(timings.u[b] / t for t in ts) / L
+        order.append((ub, b, min(ts)))
+    order.sort(reverse=True)
+    best: Placement | None = None
+    for ub, b, t_min in order:
+        if ub <= (best.throughput_tok_per_s if best else floor):
+            break  # sorted by bound: no later batch can win either
+        for stages in range(min(len(nodes), L), 0, -1):  # deep pipelines first: they usually win, raising the bar early
+            problem = timings.problem(nodes, stages, b)
+            if L * t_min + (stages - 1) * problem.comm_s > budget:
+                continue
+            if sum(max(c) for c in problem.cap) < L:
+                continue
+            got = solve(problem, best.throughput_tok_per_s if best else floor)
+            if got is not None and (best is None or got.throughput_tok_per_s > best.throughput_tok_per_s):
+                best = got
+    return best
+
+
+def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:
+    """All multisets of at most `n_max` nodes, and those whose GPU memory is within
+    `[weights, rho × weights]`, smallest first."""
+    names = sorted(c.name for c in configs)
+    mem = {c.name: c.memory_bytes for c in configs}
+    lo, hi = model.weights_bytes, rho * model.weights_bytes
+    total, ok = 0, []
+    for size in range(1, n_max + 1):
+        for combo in itertools.combinations_with_replacement(names, size):
+            total += 1
+            m = sum(mem[n] for n in combo)
+            if lo <= m <= hi:
+                ok.append(combo)
+    return total, ok
+
+
+def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None = None) -> tuple[list[Template], LibraryStats]:
+    """Solve every multiset of one (model, phase), pruning by dominance on the way, and keep the
+    non-dominated feasible templates."""
+    start = time.perf_counter()
+    timings = _Timings(perf, spec)
+    total, candidates = enumerate_multisets(spec.configs, spec.model, spec.n_max, spec.rho)
+    best_sub: dict[tuple[str, ...], float] = {}  # best throughput of the multiset or any sub-multiset
+    found: list[Template] = []
+    solved = 0
+    for i, nodes in enumerate(candidates):
+        # Sub-multisets one node smaller were enumerated earlier (smaller sizes first); those
+        # that failed the memory filter have no placement (0).
+        floor = max((best_sub.get(nodes[:k] + nodes[k + 1:], 0.0) for k in range(len(nodes))), default=0.0) if len(nodes) > 1 else 0.0
+        placement = solve_multiset(timings, nodes, floor)
+        solved += 1
+        if placement is not None:
+            found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, nodes=nodes, placement=placement))
+            best_sub[nodes] = placement.throughput_tok_per_s
+        else:
+            best_sub[nodes] = floor
+        if progress and (i % 50 == 0 or i == len(candidates) - 1):
+            progress(i + 1, len(candidates))
+    kept = drop_dominated(found)
+    stats = LibraryStats(model=spec.model.name, phase=spec.phase, multisets=total, memory_ok=len(candidates),
+                         solved=solved, feasible=len(found), kept=len(kept), wall_s=time.perf_counter() - start)
+    return kept, stats
+
+
+# --- serialization ---------------------------------------------------------------------------
+
+def template_to_dict(t: Template) -> dict[str, Any]:
+    p = t.placement
+    return {
+        "model": t.model, "phase": t.phase.value, "slo_ms": t.slo_ms, "nodes": list(t.nodes),
+        "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
+        "comm_ms": p.comm_s * 1e3,
+        "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
+                    "stage_time_ms": s.time_s * 1e3, "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
+    }
+
+
+def template_from_dict(d: dict[str, Any]) -> Template:
+    stages = tuple(Stage(nodes=tuple(s["nodes"]), node_index=tuple(s["node_index"]), layers=int(s["layers"]),
+                         time_s=s["stage_time_ms"] / 1e3, throughput_tok_per_s=s["throughput_tok_per_s"])
+                   for s in d["stages"])
+    placement = Placement(stages=stages, micro_batch=int(d["micro_batch"]), throughput_tok_per_s=d["throughput_tok_per_s"],
+                          latency_s=d["latency_ms"] / 1e3, comm_s=d["comm_ms"] / 1e3)
+    return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], nodes=tuple(d["nodes"]), placement=placement)
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("CORAL_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "coral" / "templates"
+
+
+def _read_cache(path: Path) -> tuple[list[Template], LibraryStats] | None:
+    try:
+        lines = path.read_text().splitlines()
+        head = json.loads(lines[0])
+        if head.get("format") != LIBRARY_FORMAT:
+            return None
+        stats = LibraryStats(**{**head["stats"], "phase": Phase(head["stats"]["phase"]), "cached": True})
+        return [template_from_dict(json.loads(ln)) for ln in lines[1:] if ln.strip()], stats
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None  # missing or unreadable: rebuild (writes are atomic, so this is rare)
+
+
+def _write_cache(path: Path, templates: list[Template], stats: LibraryStats) -> None:
+    """Write atomically: a temporary file in the same folder, then rename, so an interrupted
+    build never leaves a half-written entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = {"format": LIBRARY_FORMAT, "stats": {**asdict(stats), "phase": stats.phase.value}}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(head) + "\n")
+            for t in templates:
+                f.write(json.dumps(template_to_dict(t)) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def build_cached(spec: TemplateSpec, perf: PerfModel, cache_dir: Path | None,
+                 progress: ProgressFn | None = None) -> tuple[list[Template], LibraryStats]:
+    """`build_one`, reading / writing the content-addressed cache when `cache_dir` is given."""
+    if cache_dir is None:
+        return build_one(spec, perf, progress)
+    path = cache_dir / f"{spec.model.name}-{spec.phase.value}-{spec.cache_key(perf)}.jsonl"
+    hit = _read_cache(path)
+    if hit is not None:
+        if progress:
+            progress(1, 1)
+        return hit
+    templates, stats = build_one(spec, perf, progress)
+    _write_cache(path, templates, stats)
+    return templates, stats
+
+
+def check_multiset(nodes: Sequence[str], n_max: int) -> None:
+    if not nodes:
+        raise CoralError("a node multiset needs at least one node (e.g. --nodes 1xL4,1xL40S)")
+    if len(nodes) > n_max:
+        raise CoralError(f"{len(nodes)} nodes is more than n_max={n_max}; templates hold at most n_max nodes")
+
+
+def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
+              models: Sequence[str] | None = None, phases: Sequence[Phase] | None = None) -> list[TemplateSpec]:
+    """One TemplateSpec per (model, phase) of a resolved scenario."""
+    planner = scenario.planner
+    out = []
+    for m in scenario.models:
+        if models and m.name not in models:
+            continue
+        for phase in phases or (Phase.PREFILL, Phase.DECODE):
+            batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
+            out.append(TemplateSpec(
+                model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), prompt_tokens=m.prompt_tokens_mean,
+                output_tokens=m.output_tokens_mean, configs=scenario.configs, n_max=n_max or planner.n_max,
+                rho=rho or planner.rho, batches=batches or (1,)))
+    return out
+
+
+def _build_unit(args: tuple[TemplateSpec, PerfModel, Path | None]) -> tuple[list[Template], LibraryStats]:
+    spec, perf, cache_dir = args
+    return build_cached(spec, perf, cache_dir)
+
+
+def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None, n_max: int | None = None,
+                  rho: float | None = None, models: Sequence[str] | None = None,
+                  progress: Callable[[LibraryStats], None] | None = None, executor: str = "local",
+                  address: str | None = None) -> TemplateLibrary:
+    """Build (or read from the cache) the template library of every (model, phase) of a scenario.
+
+    Args:
+        scenario: a resolved `coral.scenario.Scenario`.
+        jobs: worker processes for the local executor (one (model, phase) per task).
+        cache_dir: content-addressed cache folder; None disables caching.
+        n_max, rho: override the scenario's planner knobs.
+        models: restrict to these model names.
+        progress: called with each (model, phase)'s stats as it finishes.
+        executor: 'local' (processes on this machine) or 'ray' (an existing Ray cluster).
+        address: the Ray cluster address (executor 'ray'); None starts or joins a local one.
+
+    Returns:
+        The library, with one LibraryStats per (model, phase).
+
+    Raises:
+        CoralError: bad knobs, or Ray requested but not installed.
+    """
+    if jobs < 1:
+        raise CoralError(f"--jobs must be >= 1, got {jobs}")
+    if n_max is not None and not 1 <= n_max <= 8:
+        raise CoralError(f"--n-max must be in [1, 8], got {n_max}")
+    if rho is not None and not rho >= 1:
+        raise CoralError(f"--rho must be >= 1, got {rho}")
+    specs = specs_for(scenario, n_max, rho, models)
+    tasks = [(s, scenario.perf, cache_dir) for s in specs]
+    results: list[tuple[list[Template], LibraryStats]] = []
+    if executor == "ray":
+        results = _run_ray(tasks, address, progress)
+    elif executor != "local":
+        raise CoralError(f"unknown executor {executor!r}; valid executors: local, ray")
+    elif jobs == 1 or len(tasks) == 1:
+        for task in tasks:
+            results.append(_build_unit(task))
+            if progress:
+                progress(results[-1][1])
+    else:
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        # Largest units first so the pool's tail is short.
+        tasks.sort(key=lambda t: -enumerate_multisets(t[0].configs, t[0].model, t[0].n_max, t[0].rho)[1].__len__())
+        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as pool:
+            futures = [pool.submit(_build_unit, t) for t in tasks]
+            for fut in cf.as_completed(futures):
+                results.append(fut.result())
+                if progress:
+                    progress(results[-1][1])
+    order = {(s.model.name, s.phase): i for i, s in enumerate(specs)}
+    results.sort(key=lambda r: order[(r[1].model, r[1].phase)])
+    return TemplateLibrary(templates=tuple(t for ts, _ in results for t in ts), stats=tuple(s for _, s in results))
+
+
+def _run_ray(tasks: list[tuple[TemplateSpec, PerfModel, Path | None]], address: str | None,
+             progress: Callable[[LibraryStats], None] | None) -> list[tuple[list[Template], LibraryStats]]:
+    """Run one (model, phase) per Ray task on an existing (or local) Ray cluster."""
+    try:
+        import ray  # type: ignore[import-not-found]
+    except ImportError:
+        raise CoralError("executor 'ray' needs Ray: pip install 'coral[ray]'") from None
+    if not ray.is_initialized():
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    remote = ray.remote(_build_unit)
+    pending = {remote.remote(t): t for t in tasks}
+    out = []
+    while pending:
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            pending.pop(ref)
+            out.append(ray.get(ref))
+            if progress:
+                progress(out[-1][1])
+    return out

@@ -1,0 +1,102 @@
+"""Serving templates `τ = (m, φ, ℓ, G', Ψ*)` and a library of them."""
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from coral.perf.model import Phase
+from coral.templates.problem import Placement
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Template:
+    """A model's throughput-optimal placement on one node multiset, for one phase and SLO."""
+
+    model: str
+    phase: Phase
+    slo_ms: float
+    nodes: tuple[str, ...]  # the multiset G', sorted config names
+    placement: Placement
+
+    def __post_init__(self) -> None:
+        if tuple(sorted(self.nodes)) != self.nodes:
+            raise ValueError("Template.nodes must be sorted")
+        if not self.nodes:
+            raise ValueError("a template needs at least one node")
+
+    @property
+    def throughput_tok_per_s(self) -> float:
+        return self.placement.throughput_tok_per_s
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """`U_c(τ)`: nodes per configuration."""
+        return dict(Counter(self.nodes))
+
+    @property
+    def is_homogeneous(self) -> bool:
+        return len(set(self.nodes)) == 1
+
+    @property
+    def key(self) -> str:
+        return f"{self.model}/{self.phase.value}/" + "+".join(self.nodes)
+
+    def price_usd_per_h(self, prices: Mapping[str, float]) -> float:
+        """`p_r(τ) = Σ_c p_r(c)·U_c(τ)` for one region's prices (KeyError where a config is not sold)."""
+        return sum(prices[c] * n for c, n in self.counts.items())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LibraryStats:
+    """What one (model, phase) build did."""
+
+    model: str
+    phase: Phase
+    multisets: int  # enumerated (within n_max)
+    memory_ok: int  # passed the memory filter (weights ≤ memory ≤ rho × weights)
+    solved: int  # actually solved (not pruned by dominance during enumeration)
+    feasible: int  # had a placement meeting the SLO
+    kept: int  # left after dropping dominated templates
+    wall_s: float
+    cached: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TemplateLibrary:
+    """All kept templates of a scenario, grouped by (model, phase)."""
+
+    templates: tuple[Template, ...]
+    stats: tuple[LibraryStats, ...] = ()
+    _index: dict[tuple[str, Phase], tuple[Template, ...]] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        index: dict[tuple[str, Phase], list[Template]] = {}
+        for t in self.templates:
+            index.setdefault((t.model, t.phase), []).append(t)
+        self._index.update({k: tuple(v) for k, v in index.items()})
+
+    def of(self, model: str, phase: Phase) -> tuple[Template, ...]:
+        return self._index.get((model, phase), ())
+
+    @classmethod
+    def merge(cls, parts: Iterable[TemplateLibrary]) -> TemplateLibrary:
+        parts = list(parts)
+        return cls(templates=tuple(t for p in parts for t in p.templates),
+                   stats=tuple(s for p in parts for s in p.stats))
+
+
+def drop_dominated(templates: list[Template]) -> list[Template]:
+    """Drop `τ₁` when another `τ₂` has `U(τ₂) ≤ U(τ₁)` component-wise and `Θ(τ₂) ≥ Θ(τ₁)`
+    (lossless for the allocation in every region: `τ₂` costs no more and serves no less).
+    Among exact duplicates (same counts and throughput) one is kept."""
+    order = sorted(templates, key=lambda t: (-t.throughput_tok_per_s, len(t.nodes), t.nodes))
+    kept: list[Template] = []
+    kept_counts: list[Counter[str]] = []
+    for t in order:
+        c = Counter(t.nodes)
+        if any(all(kc[k] <= c[k] for k in kc) for kc in kept_counts):
+            continue  # some kept template has ≥ throughput (sorted) and a sub-multiset of nodes
+        kept.append(t)
+        kept_counts.append(c)
+    return kept

@@ -1,0 +1,72 @@
+"""The `coral` CLI end to end (in process, through click's runner)."""
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from coral.cli import main
+
+
+def run(*args):
+    result = CliRunner().invoke(main, list(args))
+    return result
+
+
+def test_help_everywhere():
+    for cmd in ([], ["catalog"], ["catalog", "gpus"], ["perf"], ["scenario", "show"], ["templates", "solve"],
+                ["templates", "build"], ["templates", "show"], ["calibrate"]):
+        r = run(*cmd, "--help")
+        assert r.exit_code == 0 and "Usage:" in r.output
+
+
+def test_catalog_json():
+    r = run("catalog", "configs", "--json")
+    names = [row["config"] for row in json.loads(r.output)]
+    assert "1xA100-40GB" in names and "8xH100" in names
+    r = run("catalog", "models", "--json")
+    assert {m["name"] for m in json.loads(r.output)} >= {"qwen3-32b", "gpt-oss-20b", "phi-4"}
+    r = run("catalog", "prices", "--region", "aws:us-east-2", "--json")
+    assert all(o["region"] == "aws:us-east-2" for o in json.loads(r.output))
+
+
+def test_perf_issue_check():
+    r = run("perf", "--model", "llama-2-70b", "--node", "1xA100-40GB", "--phase", "prefill", "--batch", "1",
+            "--prompt-tokens", "1000", "--json")
+    out = json.loads(r.output)
+    assert out["layer_ms"] == pytest.approx(8.0, rel=0.20)  # Helix measured 8 ms
+    assert out["throughput_tok_per_s"] == pytest.approx(1000 / (out["layer_ms"] / 1e3))
+    assert out["max_layers"] >= 1
+    r = run("perf", "--model", "llama-2-70b", "--node", "1xA100-40GB", "--phase", "decode", "--batch", "100",
+            "--prompt-tokens", "1000", "--json")
+    assert json.loads(r.output)["layer_ms"] == pytest.approx(2.5, rel=0.25)  # Helix measured 2.5 ms
+
+
+def test_user_errors_are_clean():
+    r = run("perf", "--model", "llama-2-70b", "--node", "1xB9000", "--phase", "prefill", "--batch", "1", "--prompt-tokens", "10")
+    assert r.exit_code == 2 and "unknown configuration '1xB9000'; valid configurations:" in r.output
+    assert "Traceback" not in r.output
+    r = run("scenario", "show", "nope")
+    assert r.exit_code == 2 and "valid scenarios: core, extended, helix" in r.output
+    r = run("templates", "solve", "--model", "phi-4", "--phase", "decode", "--slo-ms", "50", "--nodes",
+            ",".join(["1xL4"] * 7), "--n-max", "6")
+    assert r.exit_code == 2 and "more than n_max=6" in r.output
+
+
+def test_templates_solve_json_and_infeasible():
+    r = run("templates", "solve", "--model", "qwen3-32b", "--phase", "decode", "--slo-ms", "100", "--nodes",
+            "1xL40S,1xL40S,2xL40S", "--json")
+    out = json.loads(r.output)
+    assert out["feasible"] is True and out["latency_ms"] <= 100
+    assert sum(s["layers"] for s in out["stages"]) == 64
+    assert out["throughput_tok_per_s"] == pytest.approx(min(s["throughput_tok_per_s"] for s in out["stages"]))
+    r = run("templates", "solve", "--model", "qwen3-32b", "--phase", "decode", "--slo-ms", "100", "--nodes", "1xL4", "--json")
+    out = json.loads(r.output)
+    assert out["feasible"] is False and out["reason"].startswith("memory short by")
+    r = run("templates", "solve", "--model", "phi-4", "--phase", "decode", "--slo-ms", "1", "--nodes", "1xL40S,1xL40S", "--json")
+    out = json.loads(r.output)
+    assert out["feasible"] is False and "below the minimum achievable latency" in out["reason"]
+
+
+def test_scenario_show_json():
+    out = json.loads(run("scenario", "show", "core", "--json").output)
+    assert [m["name"] for m in out["models"]] == ["qwen3-32b", "gpt-oss-20b", "phi-4"]

@@ -1,0 +1,68 @@
+"""Scenario schema, built-ins and resolution."""
+import pytest
+import yaml
+
+from coral.errors import CoralError, UnknownNameError
+from coral.perf import Phase
+from coral.scenario import builtin_scenario_names, load_scenario
+
+
+def test_builtins_resolve():
+    assert builtin_scenario_names() == ("core", "extended", "helix")
+    core = load_scenario("core")
+    assert [m.name for m in core.models] == ["qwen3-32b", "gpt-oss-20b", "phi-4"]
+    assert len(core.configs) == 12 and core.regions == ("aws:us-east-2", "aws:ap-northeast-2")
+    # 2xL40S is not sold on AWS: priced per GPU from the 1xL40S offer (1.861 $/h)
+    assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 1.861)
+    ext = load_scenario("extended")
+    assert len(ext.models) == 6 and len(ext.configs) == 20 and len(ext.regions) == 3
+    helix = load_scenario("helix")
+    assert sum(helix.availability.values()) == 4 + 6 + 8 + 4 + 10 + 6 + 4
+
+
+def test_demand():
+    m = load_scenario("core").model("qwen3-32b")
+    # 10 req/s * 2047.8 prompt tokens / 0.8 utilization
+    assert m.demand_tok_per_s(Phase.PREFILL, 0.8) == pytest.approx(10 * 2047.8 / 0.8)
+    assert m.slo_ms(Phase.DECODE) == m.tpot_ms
+
+
+def _write(tmp_path, data):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return str(p)
+
+
+BASE = {"name": "t", "models": [{"name": "phi-4", "ttft_ms": 1000, "tpot_ms": 50, "workload": {"rate_per_s": 1}}],
+        "configs": ["1xL40S"], "regions": [{"name": "aws:us-east-2"}]}
+
+
+def test_field_paths_in_errors(tmp_path):
+    bad = {**BASE, "models": [{**BASE["models"][0], "ttft_ms": -1}]}
+    with pytest.raises(CoralError, match=r"models\.0\.ttft_ms: Input should be greater than 0"):
+        load_scenario(_write(tmp_path, bad))
+    with pytest.raises(CoralError, match="colour: Extra inputs are not permitted"):
+        load_scenario(_write(tmp_path, {**BASE, "colour": "red"}))
+    with pytest.raises(CoralError, match=r"regions\.0\.prices: Value error, price of 1xL40S must be a finite number"):
+        load_scenario(_write(tmp_path, {**BASE, "regions": [{"name": "aws:us-east-2", "prices": {"1xL40S": float("nan")}}]}))
+
+
+def test_unknown_names(tmp_path):
+    with pytest.raises(UnknownNameError, match="unknown scenario 'cor'; valid scenarios: core, extended, helix"):
+        load_scenario("cor")
+    with pytest.raises(UnknownNameError, match="unknown region 'aws:mars-1'"):
+        load_scenario(_write(tmp_path, {**BASE, "regions": [{"name": "aws:mars-1"}]}))
+    with pytest.raises(UnknownNameError, match="unknown model 'phi-5'"):
+        load_scenario(_write(tmp_path, {**BASE, "models": [{**BASE["models"][0], "name": "phi-5"}]}))
+    with pytest.raises(CoralError, match="names configuration '1xL4', which is not in configs"):
+        load_scenario(_write(tmp_path, {**BASE, "regions": [{"name": "aws:us-east-2", "availability": {"1xL4": 3}}]}))
+    with pytest.raises(CoralError, match="does not exist"):
+        load_scenario(str(tmp_path / "missing.yaml"))
+
+
+def test_overrides_and_price_override(tmp_path):
+    s = load_scenario(_write(tmp_path, {**BASE, "regions": [{"name": "aws:us-east-2", "prices": {"1xL40S": 1.5},
+                                                                 "availability": {"1xL40S": 3}}]}),
+                      overrides={"planner": {"n_max": 3}})
+    assert s.prices[("aws:us-east-2", "1xL40S")] == 1.5 and s.availability[("aws:us-east-2", "1xL40S")] == 3
+    assert s.planner.n_max == 3

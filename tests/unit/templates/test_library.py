@@ -1,0 +1,85 @@
+"""Library build: enumeration, dominance, cache."""
+import dataclasses
+
+import pytest
+
+from coral.errors import CoralError
+from coral.perf import Phase
+from coral.scenario import load_scenario
+from coral.templates.exact import solve_exact
+from coral.templates.library import (
+    _Timings,
+    build_library,
+    enumerate_multisets,
+    specs_for,
+    template_from_dict,
+    template_to_dict,
+)
+from coral.templates.template import Template, drop_dominated
+
+
+@pytest.fixture(scope="module")
+def core():
+    return load_scenario("core", overrides={"planner": {"n_max": 2, "batch_grid": [1, 8, 32]}})
+
+
+def test_enumeration_counts(core):
+    # 12 configurations: multisets of size 1..6 = C(12+6, 6) - 1 = 18,563 (DESIGN §3)
+    spec = specs_for(core, n_max=6)[0]
+    total, ok = enumerate_multisets(spec.configs, spec.model, 6, 12.0)
+    assert total == 18_563
+    lo, hi = spec.model.weights_bytes, 12 * spec.model.weights_bytes
+    mem = {c.name: c.memory_bytes for c in spec.configs}
+    assert all(lo <= sum(mem[n] for n in m) <= hi for m in ok)
+
+
+def test_build_small_library_and_cache(core, tmp_path):
+    lib = build_library(core, cache_dir=tmp_path)
+    assert len(lib.stats) == 6 and all(not s.cached for s in lib.stats)
+    for st in lib.stats:
+        assert st.kept <= st.feasible <= st.solved <= st.memory_ok <= st.multisets
+    for t in lib.templates:  # every template re-verifies against the perf model
+        m = core.model(t.model)
+        spec = next(s for s in specs_for(core) if s.model.name == t.model and s.phase == t.phase)
+        p = _Timings(core.perf, spec).problem(t.nodes, len(t.placement.stages), t.placement.micro_batch)
+        best = solve_exact(p)
+        assert best is not None and best.throughput_tok_per_s == pytest.approx(t.throughput_tok_per_s)
+        assert t.placement.latency_s <= m.slo_ms(t.phase) / 1e3 * (1 + 1e-9)
+    again = build_library(core, cache_dir=tmp_path)  # unchanged inputs: nothing solved
+    assert all(s.cached for s in again.stats)
+    assert [template_to_dict(t) for t in again.templates] == [template_to_dict(t) for t in lib.templates]
+    assert not list(tmp_path.glob(".tmp-*"))  # no half-written entry left behind
+    # the key covers every input: same inputs, same key; a changed SLO or perf model, another key
+    spec = specs_for(core)[0]
+    assert spec.cache_key(core.perf) == specs_for(core)[0].cache_key(core.perf)
+    assert dataclasses.replace(spec, slo_ms=spec.slo_ms / 2).cache_key(core.perf) != spec.cache_key(core.perf)
+    from coral.perf import RooflinePerf, SystemParams
+
+    assert spec.cache_key(RooflinePerf(system=SystemParams(memory_utilization=0.8))) != spec.cache_key(core.perf)
+
+
+def test_dominance(core):
+    lib = build_library(core, n_max=2, models=["phi-4"])
+    kept = lib.of("phi-4", Phase.DECODE)
+    assert kept
+    for a in kept:
+        for b in kept:
+            if a is not b:
+                sub = all(b.counts.get(c, 0) <= n for c, n in a.counts.items()) and all(c in a.counts for c in b.counts)
+                assert not (sub and b.throughput_tok_per_s >= a.throughput_tok_per_s)
+    assert drop_dominated(list(kept)) == sorted(kept, key=lambda t: (-t.throughput_tok_per_s, len(t.nodes), t.nodes))
+
+
+def test_roundtrip(core):
+    lib = build_library(core, n_max=1, models=["gpt-oss-20b"])
+    for t in lib.templates:
+        assert template_from_dict(template_to_dict(t)) == t
+
+
+def test_bad_knobs(core):
+    with pytest.raises(CoralError, match="--jobs must be >= 1"):
+        build_library(core, jobs=0)
+    with pytest.raises(CoralError, match="unknown executor"):
+        build_library(core, executor="slurm")
+    with pytest.raises(ValueError, match="sorted"):
+        Template(model="m", phase=Phase.DECODE, slo_ms=1, nodes=("b", "a"), placement=None)  # type: ignore[arg-type]
