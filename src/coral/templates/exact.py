@@ -15,11 +15,12 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import itertools
 from collections.abc import Iterator
 
 import numpy as np
 
-from coral.templates.problem import FIRST, LAST, MIDDLE, ONLY, Placement, PlacementProblem, evaluate
+from coral.templates.problem import Placement, PlacementProblem, evaluate, position
 
 Counts = tuple[int, ...]
 
@@ -82,18 +83,15 @@ def stage_lists(counts: Counts, stages: int) -> tuple[tuple[Counts, ...], ...]:
 
 
 class _Stage:
-    """Rates and latencies of one stage for every layer count `j = 1..L`."""
+    """A stage in a problem: its curves and its memory cap."""
 
-    __slots__ = ("members", "cap", "rate", "lat", "inc", "neg_rate")
+    __slots__ = ("members", "cap", "rate", "lat", "inc", "neg_rate", "work")
 
-    def __init__(self, problem: PlacementProblem, members: list[int], pos: int, js: np.ndarray) -> None:
+    def __init__(self, members: list[int], cap: int, curves: _Slot) -> None:
         self.members = members
-        self.cap = min(problem.cap[k][pos] for k in members)
-        taus = np.array([js * problem.t[k] + problem.o[k][pos] for k in members])
-        self.rate = (problem.u / taus).sum(axis=0)  # R_s(j), decreasing in j
-        self.lat = taus.max(axis=0)  # T_s(j), convex piecewise linear in j
-        self.inc = np.diff(self.lat)  # T_s(j+1) - T_s(j), non-decreasing
-        self.neg_rate = (-self.rate).tolist()  # increasing: for bisect
+        self.cap = cap
+        self.rate, self.lat, self.inc = curves.rate, curves.lat, curves.inc
+        self.neg_rate, self.work = curves.neg_rate, curves.work
 
     def upper(self, theta: float) -> int:
         """`U_s(Θ)`: most layers with rate ≥ Θ, within memory."""
@@ -119,74 +117,76 @@ def _min_latency(stages: list[_Stage], upper: list[int], layers: int) -> tuple[f
     return total, js
 
 
-def _split(problem: PlacementProblem, stages: list[_Stage], floor: float) -> tuple[float, list[int]] | None:
-    """Best (Θ, layers) for fixed stages with Θ > `floor`, or None."""
-    p = problem
-    budget = p.budget_s * (1 + 1e-12) - (p.stages - 1) * p.comm_s
-    if budget < 0:
-        return None
-
-    base = sum(float(st.lat[0]) for st in stages)
-    extra = p.num_layers - len(stages)
-
-    def feasible(theta: float) -> list[int] | None:
-        """The minimum-latency split with every stage's rate ≥ Θ, or None."""
-        upper = [st.upper(theta) for st in stages]
-        if min(upper) < 1 or sum(upper) < p.num_layers:
-            return None
-        if extra > 0:
-            # Each stage's increments are non-decreasing, so the cheapest `extra` increments
-            # overall are prefixes of each stage's list: the greedy's total, without the greedy.
-            incs = np.concatenate([st.inc[: u - 1] for st, u in zip(stages, upper, strict=True)])
-            total = base + float(np.partition(incs, extra - 1)[:extra].sum())
-        else:
-            total = base
-        if total > budget:
-            return None
-        return upper
-
-    def split_of(upper: list[int]) -> list[int]:
-        got = _min_latency(stages, upper, p.num_layers)
-        assert got is not None
-        return got[1]
-
-    # Cheap exits first: every stage holds >= 1 layer, so Θ ≤ min_s R_s(1); and nothing above
-    # `floor` may be feasible at all (checked at the smallest Θ above it, before sorting breakpoints).
-    if min(float(st.rate[0]) for st in stages) <= floor:
-        return None
-    above = np.nextafter(floor, np.inf)
-    if feasible(above) is None:
-        return None
-    cands = np.unique(np.concatenate([st.rate[: st.cap] for st in stages]))
-    cands = cands[cands > floor]
-    if cands.size == 0:
-        return None
-    lo_js = feasible(float(cands[0]))
-    if lo_js is None:
-        return None
-    lo, hi = 0, cands.size - 1  # cands[lo] feasible; find the largest feasible index
-    best_js = lo_js
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        js = feasible(float(cands[mid]))
-        if js is None:
-            hi = mid - 1
-        else:
-            lo, best_js = mid, js
-    return float(cands[lo]), split_of(best_js)
+CurveCache = dict[tuple[object, ...], "_Slot"]
+_CACHE_LIMIT = 200_000
+_RUNS = 12  # increments of T_s(j) form <= 2·(node types) runs; padded to this width
 
 
-def solve_exact(problem: PlacementProblem, floor: float = 0.0) -> Placement | None:
+class _Slot:
+    """A block of nodes at one position class: rates, latencies and latency-increment runs."""
+
+    __slots__ = ("rate", "lat", "inc", "neg_rate", "work", "run_val", "run_start", "run_len")
+
+    def __init__(self, u: float, ts: list[float], os_: list[float], js: np.ndarray) -> None:
+        taus = np.array([js * t + o for t, o in zip(ts, os_, strict=True)])
+        self.rate = (u / taus).sum(axis=0)  # R_s(j), decreasing in j
+        self.lat = taus.max(axis=0)  # T_s(j), convex piecewise linear in j
+        self.inc = np.diff(self.lat)  # T_s(j+1) - T_s(j), non-decreasing
+        self.neg_rate = (-self.rate).tolist()  # increasing: for bisect
+        self.work = sum(u / t for t in ts)  # Σ u/t_k: R_s(j) ≤ work / j
+        # Run-length encode the increments (constant while one node is the slowest).
+        val = np.zeros(_RUNS)  # padding runs have length 0: they never count
+        start = np.zeros(_RUNS)
+        length = np.zeros(_RUNS)
+        if self.inc.size:
+            # Increments equal up to rounding (1e-9 relative) form one run valued at its largest
+            # member, so the run-based latency is never below the true one.
+            step = np.abs(np.diff(self.inc))
+            cut = np.flatnonzero(step > 1e-9 * np.abs(self.inc[1:])) + 1
+            bounds = np.concatenate([[0], cut, [self.inc.size]])
+            if bounds.size - 1 > _RUNS:  # never for <= 6 nodes; fall back to exact per-increment runs
+                raise ValueError("too many latency-increment runs")
+            for r, (a, b) in enumerate(itertools.pairwise(bounds)):
+                val[r], start[r], length[r] = self.inc[a:b].max(), a, b - a
+        self.run_val, self.run_start, self.run_len = val, start, length
+
+
+@functools.lru_cache(maxsize=4096)
+def _list_structure(counts: Counts, stages: int) -> tuple[tuple[tuple[Counts, int], ...], np.ndarray, np.ndarray]:
+    """Stage lists as slot indices: the distinct (block, position) slots, and per list and
+    stage the index of its slot (plus each list's slot keys in pipeline order)."""
+    lists = stage_lists(counts, stages)
+    slots: dict[tuple[Counts, int], int] = {}
+    idx = np.empty((len(lists), stages), dtype=np.int64)
+    poss = [position(c, stages) for c in range(stages)]
+    for i, lst in enumerate(lists):
+        for c, block in enumerate(lst):
+            idx[i, c] = slots.setdefault((block, poss[c]), len(slots))
+    return tuple(slots), idx, np.arange(len(slots))
+
+
+def solve_exact(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache | None = None,
+                local: dict[tuple[object, ...], tuple[_Slot, list[int]]] | None = None) -> Placement | None:
     """The throughput-optimal placement of `problem` (fixed S and b), or None if infeasible.
+
+    All stage lists are checked at once (numpy): for a target Θ, each slot's `U_s(Θ)`; a list is
+    feasible iff every `U_s ≥ 1`, `Σ U_s ≥ L` and its minimum latency fits, where the minimum
+    latency is `Σ_s T_s(1)` plus the `L − S` cheapest increments among the stages' first
+    `U_s − 1` increments (runs of equal increments, taken cheapest first). Bisection over the
+    throughput breakpoints keeps the lists still feasible.
 
     Args:
         problem: the placement problem.
         floor: only placements with throughput strictly above `floor` are of interest; None is
             returned when there is none (the library passes the best throughput already found).
+        cache: slot curves keyed by their nodes' numbers, shared across calls (the library
+            passes one per (model, phase): the same blocks recur across depths and multisets).
+        local: slot curves keyed by (block, position), valid for one node multiset and one
+            micro-batch across pipeline depths (the library passes one per (multiset, b)).
 
     Returns:
         The optimal placement (its throughput is optimal; among equal throughputs the first
-        stage list found wins), or None.
+        stage list in enumeration order wins), or None.
     """
     p = problem
     types: dict[tuple[float, tuple[float, ...], tuple[int, ...]], list[int]] = {}
@@ -194,37 +194,92 @@ def solve_exact(problem: PlacementProblem, floor: float = 0.0) -> Placement | No
         types.setdefault((p.t[k], p.o[k], p.cap[k]), []).append(k)
     groups = list(types.values())
     counts = tuple(len(g) for g in groups)
-    js = np.arange(1, p.num_layers + 1, dtype=float)
-    stage_cache: dict[tuple[Counts, int], _Stage] = {}
-
-    def stage(block: Counts, pos: int) -> _Stage:
-        key = (block, pos)
-        if key not in stage_cache:
-            members = [k for g, n in zip(groups, block, strict=True) for k in [g[0]] * n]
-            stage_cache[key] = _Stage(p, members, pos, js)
-        return stage_cache[key]
-
-    best: tuple[float, list[Counts], list[int]] | None = None
-    for blocks in stage_lists(counts, p.stages):
-        if p.stages == 1:
-            sts = [stage(blocks[0], ONLY)]
-        else:
-            sts = [stage(blocks[0], FIRST), *[stage(b, MIDDLE) for b in blocks[1:-1]], stage(blocks[-1], LAST)]
-        got = _split(p, sts, best[0] if best else floor)
-        if got is not None:
-            best = (got[0], blocks, got[1])
-    if best is None:
+    slot_keys, slot_idx, _ = _list_structure(counts, p.stages)
+    # 1e-9 relative slack absorbs the rounding of the run-based latency (see _Slot).
+    budget = p.budget_s * (1 + 1e-9) - (p.stages - 1) * p.comm_s
+    if budget < 0:
         return None
-    _, blocks, layers = best
+    js = np.arange(1, p.num_layers + 1, dtype=float)
+    curves = cache if cache is not None else {}
+    if len(curves) > _CACHE_LIMIT:
+        curves.clear()
+    near = local if local is not None else {}
+    gsig = tuple((p.nodes[g[0]], p.t[g[0]], p.o[g[0]], len(g)) for g in groups)  # what a block means
+    slots: list[_Slot] = []
+    members_of: list[list[int]] = []
+    caps = np.empty(len(slot_keys), dtype=np.int64)
+    for i, (block, pos) in enumerate(slot_keys):
+        hit = near.get((gsig, block, pos))
+        if hit is None:
+            members = [g[0] for g, n in zip(groups, block, strict=True) for _ in range(n)]
+            ts = [p.t[k] for k in members]
+            os_ = [p.o[k][pos] for k in members]
+            ckey = (p.u, p.num_layers, *sorted(zip(ts, os_, strict=True)))
+            slot = curves.get(ckey)
+            if slot is None:
+                slot = curves[ckey] = _Slot(p.u, ts, os_, js)
+            hit = near[(gsig, block, pos)] = (slot, members)
+        slots.append(hit[0])
+        members_of.append(hit[1])
+        caps[i] = min(p.cap[k][pos] for k in hit[1])
+    lat0 = np.array([sl.lat[0] for sl in slots])
+    run_val = np.array([sl.run_val for sl in slots])
+    run_start = np.array([sl.run_start for sl in slots])
+    run_len = np.array([sl.run_len for sl in slots])
+    base = lat0[slot_idx].sum(axis=1)
+    extra = p.num_layers - p.stages
+    L = p.num_layers
+
+    def uppers(theta: float) -> np.ndarray:
+        return np.minimum([bisect.bisect_right(sl.neg_rate, -theta) for sl in slots], caps)
+
+    def feasible(theta: float, rows: np.ndarray) -> np.ndarray:
+        """The subset of `rows` (stage-list indices) feasible at Θ."""
+        u = uppers(theta)[slot_idx[rows]]  # [rows, S]
+        ok = (u.min(axis=1) >= 1) & (u.sum(axis=1) >= L)
+        rows, u = rows[ok], u[ok]
+        if rows.size == 0 or extra == 0:
+            return rows[base[rows] <= budget]
+        sl = slot_idx[rows]
+        take = np.clip(u[:, :, None] - 1 - run_start[sl], 0, run_len[sl]).reshape(rows.size, -1)
+        val = run_val[sl].reshape(rows.size, -1)
+        order = np.argsort(val, axis=1, kind="stable")
+        val = np.take_along_axis(val, order, axis=1)
+        take = np.take_along_axis(take, order, axis=1)
+        before = np.cumsum(take, axis=1) - take  # increments taken by cheaper runs
+        use = np.clip(extra - before, 0, take)
+        total = base[rows] + (use * val).sum(axis=1)
+        return rows[total <= budget]
+
+    alive = feasible(float(np.nextafter(floor, np.inf)), np.arange(len(slot_idx)))
+    if alive.size == 0:
+        return None
+    cands = np.unique(np.concatenate([sl.rate[: max(int(c), 0)] for sl, c in zip(slots, caps, strict=True)]))
+    cands = cands[cands > floor]
+    lo, hi = 0, cands.size - 1  # every alive list's optimum is a breakpoint >= cands[0]
+    alive = feasible(float(cands[0]), alive)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        got = feasible(float(cands[mid]), alive)
+        if got.size:
+            lo, alive = mid, got
+        else:
+            hi = mid - 1
+    theta = float(cands[lo])
+    row = int(alive.min())
+    u = uppers(theta)[slot_idx[row]].tolist()
+    stages = [_Stage(members_of[i], int(caps[i]), slots[i]) for i in slot_idx[row].tolist()]
+    split = _min_latency(stages, u, L)
+    assert split is not None
     # Map type counts back to concrete node indices.
     pools = [list(g) for g in groups]
     assignment = []
-    for block in blocks:
+    for i in slot_idx[row].tolist():
         members = []
-        for g, n in enumerate(block):
+        for g, n in enumerate(slot_keys[i][0]):
             members.extend(pools[g][:n])
             del pools[g][:n]
         assignment.append(sorted(members))
-    placement = evaluate(p, assignment, layers)
+    placement = evaluate(p, assignment, split[1])
     assert placement is not None, "exact search produced a placement that fails verification"
     return placement

@@ -18,7 +18,7 @@ from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.templates.exact import solve_exact
 from coral.templates.problem import FIRST, LAST, MIDDLE, ONLY, Placement, PlacementProblem, Stage
-from coral.templates.template import LibraryStats, Template, TemplateLibrary, drop_dominated
+from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
 LIBRARY_FORMAT = "coral-templates/1"
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
@@ -87,6 +87,7 @@ class _Timings:
                         perf.max_layers(c, m, shape, stages=s, first=p in (FIRST, ONLY), last=p in (LAST, ONLY))
                         for p in POSITIONS)
         self.network = {c.name: c.network_bytes_per_s for c in spec.configs}
+        self.curves: dict[tuple[object, ...], Any] = {}  # exact search's stage curves, shared
 
     def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
         slowest = min(nodes, key=lambda n: self.network[n])
@@ -105,7 +106,12 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     Cheap bounds skip `(S, b)` pairs that cannot win: throughput ≤ `Σ_k u/(t_k·L)` (every layer
     runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs `Σ_k cap_k ≥ L`.
     """
-    solve = solver or (lambda p, f: solve_exact(p, f))
+    local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot curves across depths
+
+    def exact(problem: PlacementProblem, floor_: float) -> Placement | None:
+        return solve_exact(problem, floor_, timings.curves, local.setdefault(problem.batch, {}))
+
+    solve = solver or exact
     L = timings.spec.model.num_layers
     budget = timings.spec.slo_ms / 1e3
     order = []
@@ -168,7 +174,9 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
             best_sub[nodes] = floor
         if progress and (i % 50 == 0 or i == len(candidates) - 1):
             progress(i + 1, len(candidates))
-    kept = drop_dominated(found)
+    # Every template in `found` beats all of its proper sub-multisets (its floor), so none is
+    # dominated: dropping dominated templates here would be a no-op (tests check it).
+    kept = found
     stats = LibraryStats(model=spec.model.name, phase=spec.phase, multisets=total, memory_ok=len(candidates),
                          solved=solved, feasible=len(found), kept=len(kept), wall_s=time.perf_counter() - start)
     return kept, stats

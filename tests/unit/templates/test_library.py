@@ -67,7 +67,11 @@ def test_dominance(core):
             if a is not b:
                 sub = all(b.counts.get(c, 0) <= n for c, n in a.counts.items()) and all(c in a.counts for c in b.counts)
                 assert not (sub and b.throughput_tok_per_s >= a.throughput_tok_per_s)
+    # the build keeps only templates that beat all their sub-multisets: nothing left to drop
     assert drop_dominated(list(kept)) == sorted(kept, key=lambda t: (-t.throughput_tok_per_s, len(t.nodes), t.nodes))
+    fake = [kept[0], Template(model="phi-4", phase=Phase.DECODE, slo_ms=1, nodes=tuple(sorted(kept[0].nodes + kept[0].nodes)),
+                              placement=kept[0].placement)]  # twice the nodes, same throughput
+    assert drop_dominated(fake) == [kept[0]]
 
 
 def test_roundtrip(core):

@@ -1,0 +1,54 @@
+"""Instance lifecycle: STARTING → ACTIVE → DRAINING → STOPPED, as a pure transition function."""
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Lifecycle(StrEnum):
+    STARTING = "starting"  # nodes paid for, loading weights; takes no traffic
+    ACTIVE = "active"  # takes new requests
+    DRAINING = "draining"  # takes no new requests, finishes the ones it holds
+    STOPPED = "stopped"  # gone; no cost from here on
+
+
+class LifecycleEvent(StrEnum):
+    READY = "ready"  # initialization finished
+    REMOVE = "remove"  # the new plan no longer has this instance
+    IDLE = "idle"  # the instance holds no request any more (checked after each completion)
+
+
+def next_state(state: Lifecycle, event: LifecycleEvent, *, in_flight: int) -> Lifecycle:
+    """The state after `event`.
+
+    A removed starting instance stops at once (it holds nothing); a removed active one drains,
+    and stops as soon as it holds no request (immediately when already idle). Events that do not
+    apply to a state leave it unchanged.
+
+    Args:
+        state: the current state.
+        event: what happened.
+        in_flight: requests the instance holds (queued or running).
+
+    Returns:
+        The next state.
+
+    Raises:
+        ValueError: a negative `in_flight`.
+    """
+    if in_flight < 0:
+        raise ValueError(f"in_flight must be >= 0, got {in_flight}")
+    if state is Lifecycle.STARTING:
+        if event is LifecycleEvent.READY:
+            return Lifecycle.ACTIVE
+        if event is LifecycleEvent.REMOVE:
+            return Lifecycle.STOPPED
+        return state
+    if state is Lifecycle.ACTIVE:
+        if event is LifecycleEvent.REMOVE:
+            return Lifecycle.STOPPED if in_flight == 0 else Lifecycle.DRAINING
+        return state
+    if state is Lifecycle.DRAINING:
+        if event is LifecycleEvent.IDLE and in_flight == 0:
+            return Lifecycle.STOPPED
+        return state
+    return state

@@ -1,0 +1,129 @@
+"""Request routing: smooth weighted round-robin ∝ throughput, and decode choice same region first."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from coral.templates.template import Template
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceSpec:
+    """One serving instance of a plan: a template placed in a region."""
+
+    template: Template
+    region: str
+
+    def __post_init__(self) -> None:
+        if not self.region:
+            raise ValueError("InstanceSpec.region must be a non-empty region name")
+
+    @property
+    def key(self) -> str:
+        return f"{self.template.key}@{self.region}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WrrState:
+    """Smooth weighted round-robin state (nginx's algorithm): a weight and a running credit per item."""
+
+    weights: tuple[float, ...]
+    current: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.weights:
+            raise ValueError("WRR needs at least one item")
+        if len(self.weights) != len(self.current):
+            raise ValueError("WRR weights and credits differ in length")
+        if any(not w > 0 for w in self.weights):
+            raise ValueError(f"WRR weights must be > 0, got {self.weights}")
+
+
+def wrr_start(weights: Sequence[float]) -> WrrState:
+    """The initial state for `weights` (all credits zero)."""
+    return WrrState(weights=tuple(float(w) for w in weights), current=(0.0,) * len(weights))
+
+
+def wrr_next(state: WrrState) -> tuple[int, WrrState]:
+    """Pick the next item: every credit grows by its weight, the largest wins (lowest index on a tie)
+    and pays back the total. Over any window of picks, item `i` is chosen `∝ w_i` and the picks
+    are spread out (no bursts), deterministically.
+
+    Args:
+        state: the current state.
+
+    Returns:
+        (the chosen index, the next state).
+    """
+    total = 0.0
+    best = -1
+    best_c = 0.0
+    cur = list(state.current)
+    for i, w in enumerate(state.weights):
+        c = cur[i] + w
+        cur[i] = c
+        total += w
+        if best < 0 or c > best_c:
+            best, best_c = i, c
+    cur[best] -= total
+    return best, WrrState(weights=state.weights, current=tuple(cur))
+
+
+class SmoothWRR:
+    """`wrr_next` held in place, for hot loops (same picks as the pure function, fewer allocations)."""
+
+    __slots__ = ("_cur", "_total", "_weights", "n")
+
+    def __init__(self, weights: Sequence[float]) -> None:
+        wrr_start(weights)  # validates
+        self._weights = [float(w) for w in weights]
+        self._cur = [0.0] * len(self._weights)
+        self._total = sum(self._weights)
+        self.n = len(self._weights)
+
+    def pick(self) -> int:
+        if self.n == 1:
+            return 0
+        cur = self._cur
+        best = -1
+        best_c = 0.0
+        for i, w in enumerate(self._weights):
+            c = cur[i] + w
+            cur[i] = c
+            if best < 0 or c > best_c:
+                best, best_c = i, c
+        cur[best] -= self._total
+        return best
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """A decode instance the router may send a KV cache to."""
+
+    id: int
+    region: str
+    weight: float  # its template throughput, tok/s
+
+
+def choose_decode(candidates: Sequence[Candidate], src_region: str,
+                  states: dict[tuple[int, ...], WrrState]) -> tuple[int | None, dict[tuple[int, ...], WrrState]]:
+    """Pick a decode instance for a request prefilled in `src_region`: same region first (WRR ∝
+    throughput among them), else WRR over all candidates.
+
+    Args:
+        candidates: the accepting (active) decode instances of the request's model.
+        src_region: where the prefill ran.
+        states: WRR state per candidate group (keyed by the group's ids); not modified.
+
+    Returns:
+        (the chosen candidate's id, or None when there is none; the updated states).
+    """
+    if not candidates:
+        return None, states
+    group = [c for c in candidates if c.region == src_region] or list(candidates)
+    key = tuple(c.id for c in group)
+    state = states.get(key) or wrr_start([c.weight for c in group])
+    i, state = wrr_next(state)
+    out = dict(states)
+    out[key] = state
+    return group[i].id, out

@@ -1,0 +1,1 @@
+"""Serving runtime: coordinator, router, instance schedulers, engine nodes and their wire protocol."""

@@ -1,0 +1,251 @@
+"""The hand-written cluster file of ``coral serve``: pydantic at the edge, frozen dataclasses inside.
+
+A cluster file lists the models (an HF-style config dict or a built-in name, weights by
+seed or local safetensors path) and the instances: phase, region, throughput and the
+placement, as stages of contiguous layer ranges with one or more nodes each (nodes in a
+stage are data-parallel replicas of its layers). See ``examples/cluster-tiny.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from coral.errors import CoralError
+from coral.runtime.model import model_config_dict
+
+__all__ = [
+    "ClusterSpec",
+    "InstanceSpec",
+    "ModelSpec",
+    "StageSpec",
+    "load_cluster",
+    "parse_cluster",
+]
+
+
+# ------------------------------------------------------------------------ domain
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A served model and where its weights come from."""
+
+    name: str
+    config: dict[str, Any]
+    seed: int | None
+    weights_path: str | None
+    max_context: int
+
+    def __post_init__(self) -> None:
+        if (self.seed is None) == (self.weights_path is None):
+            raise ValueError(f"model {self.name!r}: give exactly one of seed and weights")
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the model."""
+        return int(self.config["num_hidden_layers"])
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageSpec:
+    """One pipeline stage: layers [layer_start, layer_end) on ``len(node_throughputs)`` nodes."""
+
+    layer_start: int
+    layer_end: int
+    node_throughputs: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.layer_start < self.layer_end:
+            raise ValueError(f"empty or negative layer range [{self.layer_start}, {self.layer_end})")
+        if not self.node_throughputs or any(not w > 0 for w in self.node_throughputs):
+            raise ValueError("a stage needs at least one node, each with a positive throughput")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceSpec:
+    """One serving instance: a model's placement on a few nodes."""
+
+    name: str
+    model: str
+    phase: str
+    region: str
+    throughput_tok_per_s: float
+    stages: tuple[StageSpec, ...]
+    seed: int | None
+    weights_path: str | None
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("prefill", "decode", "mixed"):
+            raise ValueError(f"instance {self.name!r}: phase must be prefill, decode or mixed")
+        if not self.stages or self.stages[0].layer_start != 0:
+            raise ValueError(f"instance {self.name!r}: the first stage must start at layer 0")
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            if a.layer_end != b.layer_start:
+                raise ValueError(f"instance {self.name!r}: stages must be contiguous, [{a.layer_start}, {a.layer_end}) then [{b.layer_start}, {b.layer_end})")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    """Everything ``coral serve`` starts."""
+
+    host: str
+    http_port: int
+    api_key: str | None
+    device: str
+    dtype: str
+    torch_threads: int
+    models: tuple[ModelSpec, ...]
+    instances: tuple[InstanceSpec, ...]
+
+    def model(self, name: str) -> ModelSpec:
+        """The model of that name (validated to exist)."""
+        return next(m for m in self.models if m.name == name)
+
+
+# ------------------------------------------------------------------------ edge
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WeightsFile(_Strict):
+    """Where weights come from: exactly one of ``seed`` and ``path``."""
+
+    seed: int | None = Field(None, description="Random weights drawn from this seed (identical on every node).")
+    path: str | None = Field(None, description="A safetensors file, or a folder of them (HF tensor names).")
+
+
+class ModelFile(_Strict):
+    """A served model."""
+
+    name: str = Field(description="The name clients put in the request's `model` field.")
+    builtin: str | None = Field(None, description="A built-in config: tiny-llama, tiny-qwen3, tiny-qwen3-moe, small-llama.")
+    hf_config: dict[str, Any] | None = Field(None, description="An HF-style config dict with model_type.")
+    weights: WeightsFile = Field(default_factory=lambda: WeightsFile(seed=0), description="Weights of every instance of the model.")
+    max_context: int | None = Field(None, ge=2, description="Longest prompt + completion; default max_position_embeddings.")
+
+
+class StageFile(_Strict):
+    """A pipeline stage of an instance."""
+
+    layers: tuple[int, int] = Field(description="Half-open layer range [start, end).")
+    nodes: int | list[float] = Field(1, description="Node count, or one relative throughput per node (WRR weights).")
+
+
+class InstanceFile(_Strict):
+    """A serving instance."""
+
+    name: str = Field(description="Unique instance id.")
+    model: str = Field(description="Name of one of the models.")
+    phase: Literal["prefill", "decode", "mixed"] = Field("mixed", description="What the instance serves.")
+    region: str = Field("local", description="Region; decode instances in the prefill's region are preferred.")
+    throughput_tok_per_s: float = Field(1.0, gt=0, description="Router weight (the template's throughput).")
+    stages: list[StageFile] = Field(min_length=1, description="Stages in order, covering every layer.")
+    weights: WeightsFile | None = Field(None, description="Override the model's weights for this instance.")
+
+
+class CoordinatorFile(_Strict):
+    """The coordinator's HTTP front end."""
+
+    host: str = Field("127.0.0.1", description="Interface for HTTP and ZeroMQ sockets.")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free one).")
+    api_key: str | None = Field(None, description="If set, clients must send Authorization: Bearer <key>.")
+
+
+class ClusterFile(_Strict):
+    """The whole cluster file."""
+
+    coordinator: CoordinatorFile = Field(default_factory=CoordinatorFile, description="Front end settings.")
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda if present).")
+    dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights and activations dtype.")
+    torch_threads: int = Field(1, ge=1, description="PyTorch threads per engine process.")
+    models: list[ModelFile] = Field(min_length=1, description="Served models.")
+    instances: list[InstanceFile] = Field(min_length=1, description="Serving instances.")
+
+
+def _weights(w: WeightsFile, where: str) -> tuple[int | None, str | None]:
+    if (w.seed is None) == (w.path is None):
+        raise CoralError(f"{where}: weights need exactly one of seed and path")
+    return w.seed, w.path
+
+
+def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
+    """Validate a parsed cluster file and build the domain spec.
+
+    Args:
+        data: the YAML document (a dict).
+        source: named in error messages.
+
+    Returns:
+        The cluster spec.
+
+    Raises:
+        CoralError: naming the first problem found.
+    """
+    try:
+        f = ClusterFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+    models: list[ModelSpec] = []
+    for m in f.models:
+        seed, path = _weights(m.weights, f"model {m.name}")
+        cfg = model_config_dict(m.builtin, m.hf_config, path)
+        ctx = m.max_context or int(cfg.get("max_position_embeddings", 2048))
+        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx))
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise CoralError(f"{source}: duplicate model names")
+    by_name = {m.name: m for m in models}
+    instances: list[InstanceSpec] = []
+    for i in f.instances:
+        if i.model not in by_name:
+            raise CoralError(f"{source}: instance {i.name!r} serves unknown model {i.model!r}; models: {', '.join(names)}")
+        seed, path = _weights(i.weights, f"instance {i.name}") if i.weights else (by_name[i.model].seed, by_name[i.model].weights_path)
+        try:
+            stages = tuple(
+                StageSpec(layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes))
+                for s in i.stages
+            )
+            spec = InstanceSpec(
+                name=i.name, model=i.model, phase=i.phase, region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
+                stages=stages, seed=seed, weights_path=path,
+            )  # fmt: skip
+        except ValueError as e:
+            raise CoralError(f"{source}: instance {i.name!r}: {e}") from None
+        n = by_name[i.model].num_layers
+        if spec.stages[-1].layer_end != n:
+            raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
+        instances.append(spec)
+    if len({i.name for i in instances}) != len(instances):
+        raise CoralError(f"{source}: duplicate instance names")
+    for m in models:
+        if not any(i.model == m.name and i.phase != "decode" for i in instances):
+            raise CoralError(f"{source}: model {m.name!r} has no prefill or mixed instance")
+    return ClusterSpec(
+        host=f.coordinator.host, http_port=f.coordinator.port, api_key=f.coordinator.api_key, device=f.device,
+        dtype=f.dtype, torch_threads=f.torch_threads, models=tuple(models), instances=tuple(instances),
+    )  # fmt: skip
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    """Read and validate a cluster YAML file.
+
+    Raises:
+        CoralError: if the file is missing, not YAML, or invalid.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise CoralError(f"cluster file {p} not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise CoralError(f"{p}: not valid YAML: {e}") from None
+    return parse_cluster(data, str(p))

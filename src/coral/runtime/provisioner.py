@@ -1,0 +1,239 @@
+"""Starting a cluster's processes: the provisioner interface, the local one, and a running deployment.
+
+A :class:`Provisioner` turns an instance spec into running processes (one scheduler plus
+one engine per node) that register with the coordinator by themselves. The built-in
+:class:`LocalProvisioner` starts them as child processes on this machine; a cloud
+provisioner would start the same worker command on rented nodes.
+
+:class:`Deployment` is what ``coral serve`` runs: the coordinator and its HTTP front end
+in this process, every instance through the provisioner, and a clean stop of all of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from coral.errors import CoralError
+from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
+from coral.runtime.coordinator import Coordinator, ModelInfo
+from coral.runtime.http_api import ApiServer
+from coral.runtime.transport import ZmqTransport
+
+__all__ = ["Deployment", "LocalProvisioner", "Provisioner"]
+
+log = logging.getLogger(__name__)
+
+
+class Provisioner(ABC):
+    """Starts and stops the processes of serving instances."""
+
+    @abstractmethod
+    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:
+        """Start an instance's scheduler and engine nodes; they register with ``coordinator``.
+
+        Args:
+            inst: the instance and its placement.
+            model: its model (config and weights).
+            cluster: cluster-wide settings (device, dtype, threads, host).
+            coordinator: the coordinator's ZeroMQ address.
+        """
+
+    @abstractmethod
+    def dead(self) -> list[str]:
+        """Names of processes that have exited."""
+
+    @abstractmethod
+    def stop_all(self, timeout_s: float = 10.0) -> None:
+        """Stop every process started, within ``timeout_s`` (then kill)."""
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LocalProvisioner(Provisioner):
+    """Every process is a child of this one (``python -m coral.runtime.worker``)."""
+
+    def __init__(self, noop_engines: bool = False, log_level: str = "WARNING") -> None:
+        """Args:
+        noop_engines: start engines that do no maths (to measure the runtime's overhead).
+        log_level: children's logging level.
+        """
+        self.noop = noop_engines
+        self.log_level = log_level
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)
+        self.zygote: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, name: str, role: str, spec: dict[str, Any]) -> None:
+        spec = {**spec, "parent_pid": os.getpid(), "log_level": self.log_level}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
+            stdin=subprocess.DEVNULL, env=env,
+        )  # fmt: skip
+
+    def _spawn_engine(self, name: str, spec: dict[str, Any], model_types: list[str]) -> None:
+        if self.zygote is None:
+            zspec = {"parent_pid": os.getpid(), "log_level": self.log_level, "model_types": model_types}
+            self.zygote = subprocess.Popen(
+                [sys.executable, "-m", "coral.runtime.worker", "zygote", json.dumps(zspec)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+            self.procs["zygote"] = self.zygote
+        assert self.zygote.stdin is not None and self.zygote.stdout is not None
+        try:
+            self.zygote.stdin.write(json.dumps({**spec, "log_level": self.log_level}).encode() + b"\n")
+            self.zygote.stdin.flush()
+            answer = self.zygote.stdout.readline()
+        except BrokenPipeError:
+            answer = b""
+        if not answer.strip().isdigit():
+            raise CoralError(f"the engine launcher (zygote) died while starting {name}")
+        self.engines[name] = int(answer)
+
+    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
+        host = cluster.host
+        sched_addr_port = _free_port(host)
+        scheduler = f"tcp://{host}:{sched_addr_port}"
+        nodes = []
+        for s, st in enumerate(inst.stages):
+            for k, w in enumerate(st.node_throughputs):
+                nodes.append({"stage": s, "node_index": k, "layer_start": st.layer_start, "layer_end": st.layer_end, "throughput_tok_per_s": w})
+        self._spawn(f"{inst.name}/scheduler", "scheduler", {
+            "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
+            "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
+            "host": host, "port": sched_addr_port,
+        })  # fmt: skip
+        for n in nodes:
+            spec: dict[str, Any] = {
+                "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"], "scheduler": scheduler,
+                "host": host, "threads": cluster.torch_threads,
+            }  # fmt: skip
+            if self.noop:
+                spec["noop"] = {"layer_start": n["layer_start"], "layer_end": n["layer_end"], "num_layers": model.num_layers}
+            else:
+                spec["shard"] = {
+                    "config": model.config, "layer_start": n["layer_start"], "layer_end": n["layer_end"],
+                    "seed": inst.seed, "weights_path": inst.weights_path, "device": cluster.device, "dtype": cluster.dtype,
+                }  # fmt: skip
+            self._spawn_engine(f"{inst.name}/{n['stage']}/{n['node_index']}", spec, sorted({m.config["model_type"] for m in cluster.models}))
+
+    def dead(self) -> list[str]:  # noqa: D102
+        out = [n for n, p in self.procs.items() if p.poll() is not None]
+        for n, pid in self.engines.items():
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                out.append(n)
+        return out
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:  # noqa: D102
+        if self.zygote is not None and self.zygote.stdin is not None:
+            try:
+                self.zygote.stdin.close()  # end of input: the zygote stops its engines and exits
+            except BrokenPipeError:
+                pass
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
+        if self.zygote is not None and self.zygote.stdout is not None:
+            self.zygote.stdout.close()
+        self.procs.clear()
+        self.engines.clear()
+        self.zygote = None
+
+
+class Deployment:
+    """A running cluster: coordinator + HTTP API here, instances through a provisioner."""
+
+    def __init__(self, cluster: ClusterSpec, provisioner: Provisioner | None = None, http_port: int | None = None) -> None:
+        """Args:
+        cluster: what to run.
+        provisioner: how to start instances (default: :class:`LocalProvisioner`).
+        http_port: override the cluster file's HTTP port (0 = any free port).
+        """
+        self.cluster = cluster
+        self.provisioner = provisioner or LocalProvisioner()
+        self.http_port = cluster.http_port if http_port is None else http_port
+        self.transport: ZmqTransport | None = None
+        self.coordinator: Coordinator | None = None
+        self.api: ApiServer | None = None
+
+    @property
+    def url(self) -> str:
+        """The HTTP base URL."""
+        if self.api is None:
+            raise CoralError("deployment not started")
+        return self.api.url
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Start everything and wait until every instance has registered.
+
+        Raises:
+            CoralError: if a process dies or the instances are not up within ``timeout_s``.
+        """
+        c = self.cluster
+        self.transport = ZmqTransport(host=c.host)
+        infos = []
+        for m in c.models:
+            eos = m.config.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            infos.append(ModelInfo(name=m.name, max_context=m.max_context, vocab_size=int(m.config["vocab_size"]), eos_ids=eos_ids))
+        self.coordinator = Coordinator(self.transport, infos)
+        self.coordinator.start()
+        try:
+            for inst in c.instances:
+                self.provisioner.start_instance(inst, c.model(inst.model), c, self.transport.address)
+            deadline = time.monotonic() + timeout_s
+            want = {i.name for i in c.instances}
+            while set(self.coordinator.instances) < want:
+                dead = self.provisioner.dead()
+                if dead:
+                    raise CoralError(f"runtime processes exited during start-up: {', '.join(dead)}")
+                if time.monotonic() > deadline:
+                    missing = sorted(want - set(self.coordinator.instances))
+                    raise CoralError(f"instances not up after {timeout_s:.0f} s: {', '.join(missing)}")
+                time.sleep(0.05)
+            self.api = ApiServer(self.coordinator, c.host, self.http_port, c.api_key)
+            self.api.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop the HTTP server, the instances and the coordinator (idempotent)."""
+        if self.api is not None:
+            self.api.stop()
+            self.api = None
+        if self.coordinator is not None:
+            self.coordinator.stop(shutdown_instances=True)
+        self.provisioner.stop_all()
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        self.coordinator = None
+
+    def __enter__(self) -> Deployment:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

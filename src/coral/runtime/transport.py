@@ -1,0 +1,209 @@
+"""How runtime processes send each other messages: one interface, in-process and ZeroMQ implementations.
+
+Every process owns one inbox (an address others send to) and sends one-way messages to
+other inboxes; replies are ordinary messages to the sender's address, which messages
+carry. The in-process transport still encodes every message with msgpack, so unit tests
+exercise the same wire format as the ZeroMQ one (PUSH/PULL over tcp on 127.0.0.1).
+
+Malformed or oversized messages are logged and dropped by :meth:`Transport.recv`; they
+never raise into the receiving loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from typing import Any
+
+from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, decode, encode
+
+__all__ = ["InprocHub", "InprocTransport", "Transport", "ZmqTransport"]
+
+log = logging.getLogger(__name__)
+
+
+class Transport(ABC):
+    """A process's inbox plus the ability to send to other inboxes."""
+
+    address: str
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    #: Messages dropped because they were malformed or too large (for tests and metrics).
+    rejected: int = 0
+
+    @abstractmethod
+    def send(self, address: str, msg: Any) -> None:
+        """Send one message; never blocks for long (drops and logs if the peer is saturated).
+
+        Args:
+            address: the receiving inbox.
+            msg: a top-level protocol message.
+        """
+
+    @abstractmethod
+    def _recv_raw(self, timeout_s: float) -> bytes | None:
+        """Wait up to ``timeout_s`` for the next raw message; None on timeout."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release sockets; the transport cannot be used afterwards."""
+
+    def recv(self, timeout_s: float) -> Any | None:
+        """Receive the next valid message.
+
+        Args:
+            timeout_s: the longest to wait, in seconds.
+
+        Returns:
+            The decoded message, or None if none arrived in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            raw = self._recv_raw(max(0.0, deadline - time.monotonic()))
+            if raw is None:
+                return None
+            try:
+                return decode(raw, self.max_message_bytes)
+            except ProtocolError as e:
+                self.rejected += 1
+                log.warning("%s: dropped a bad message (%d bytes): %s", self.address, len(raw), e)
+            if time.monotonic() >= deadline:
+                return None
+
+
+class InprocHub:
+    """The shared switchboard of in-process transports (one per test)."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, queue.Queue[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, address: str) -> queue.Queue[bytes]:
+        """Create the inbox for ``address``.
+
+        Raises:
+            ValueError: if the address is taken.
+        """
+        with self._lock:
+            if address in self._queues:
+                raise ValueError(f"in-process address {address!r} already registered")
+            q: queue.Queue[bytes] = queue.Queue()
+            self._queues[address] = q
+            return q
+
+    def deliver(self, address: str, data: bytes) -> bool:
+        """Put raw bytes in an inbox; False if nobody listens there."""
+        q = self._queues.get(address)
+        if q is None:
+            return False
+        q.put(data)
+        return True
+
+    def unregister(self, address: str) -> None:
+        """Remove an inbox."""
+        with self._lock:
+            self._queues.pop(address, None)
+
+
+class InprocTransport(Transport):
+    """A transport whose messages go through a :class:`InprocHub` (same process, any thread)."""
+
+    def __init__(self, hub: InprocHub, address: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.hub = hub
+        self.address = address
+        self.max_message_bytes = max_message_bytes
+        self._inbox = hub.register(address)
+
+    def send(self, address: str, msg: Any) -> None:  # noqa: D102 - documented on the interface
+        if not self.hub.deliver(address, encode(msg)):
+            log.warning("%s: no in-process inbox at %s; dropped %s", self.address, address, type(msg).__name__)
+
+    def send_raw(self, address: str, data: bytes) -> None:
+        """Deliver arbitrary bytes (for tests of malformed input)."""
+        self.hub.deliver(address, data)
+
+    def _recv_raw(self, timeout_s: float) -> bytes | None:
+        try:
+            return self._inbox.get(timeout=timeout_s) if timeout_s > 0 else self._inbox.get_nowait()
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:  # noqa: D102
+        self.hub.unregister(self.address)
+
+
+class ZmqTransport(Transport):
+    """ZeroMQ PULL inbox bound on tcp, PUSH sockets to peers (created on first send, then kept).
+
+    ``send`` may be called from any thread (a lock serialises the PUSH sockets); ``recv``
+    from one thread only.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        send_hwm: int = 10_000,
+    ) -> None:
+        """Bind the inbox.
+
+        Args:
+            host: interface to bind (keep 127.0.0.1 unless the cluster spans machines).
+            port: tcp port; 0 picks a free one.
+            max_message_bytes: larger messages are rejected (ZeroMQ drops them at the
+                socket, above twice this; the decoder below it).
+            send_hwm: messages queued per peer before ``send`` drops and logs.
+        """
+        import zmq
+
+        self._zmq = zmq
+        self.ctx = zmq.Context.instance()
+        self.max_message_bytes = max_message_bytes
+        self._send_hwm = send_hwm
+        self._pull = self.ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
+        if port == 0:
+            port = self._pull.bind_to_random_port(f"tcp://{host}")
+        else:
+            self._pull.bind(f"tcp://{host}:{port}")
+        self.address = f"tcp://{host}:{port}"
+        self._push: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._poller = zmq.Poller()
+        self._poller.register(self._pull, zmq.POLLIN)
+
+    def send(self, address: str, msg: Any) -> None:  # noqa: D102
+        self.send_raw(address, encode(msg))
+
+    def send_raw(self, address: str, data: bytes) -> None:
+        """Send already-encoded bytes (for tests of malformed input and for fan-out)."""
+        zmq = self._zmq
+        with self._lock:
+            sock = self._push.get(address)
+            if sock is None:
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+                sock.connect(address)
+                self._push[address] = sock
+            try:
+                sock.send(data, flags=zmq.NOBLOCK, copy=len(data) < 65536)
+            except zmq.Again:
+                log.warning("%s: peer %s saturated; dropped a %d-byte message", self.address, address, len(data))
+
+    def _recv_raw(self, timeout_s: float) -> bytes | None:
+        events = dict(self._poller.poll(int(timeout_s * 1000)))
+        if self._pull in events:
+            return self._pull.recv(copy=True)
+        return None
+
+    def close(self) -> None:  # noqa: D102
+        with self._lock:
+            for s in self._push.values():
+                s.close(0)
+            self._push.clear()
+        self._pull.close(0)

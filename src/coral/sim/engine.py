@@ -1,0 +1,599 @@
+"""The discrete-event kernel and the simulated cluster: one event per micro-batch on one engine node."""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from coral.errors import CoralError
+from coral.perf.model import Phase, Shape
+from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
+from coral.policy.routing import Candidate, InstanceSpec, SmoothWRR, WrrState, choose_decode
+from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
+from coral.workload.trace import Trace
+
+ReplanFn = Callable[[float, dict[tuple[str, Phase], float], list[InstanceSpec]], list[InstanceSpec]]
+ProgressFn = Callable[[float, float], None]
+
+# Event kinds, which double as priorities at equal times: work completes before new work
+# arrives, and the epoch boundary sees the state after everything at its instant.
+_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _ARRIVAL, _EPOCH = range(6)
+
+# Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
+# that the performance model is asked once per (node, batch, context bucket), not once a step.
+CTX_GRID_TOK = 16
+
+# Request status codes (see result.STATUS_NAMES).
+_WAITING, _PREFILL, _DECODE, _DONE, _FAILED = range(5)
+
+
+class _Node:
+    __slots__ = ("busy", "busy_s", "cfg", "inst", "queue", "started_at")
+
+    def __init__(self, cfg: object, inst: _Instance) -> None:
+        self.cfg = cfg
+        self.inst = inst
+        self.busy = False
+        self.started_at = 0.0
+        self.busy_s = 0.0
+        self.queue: deque[_Batch] = deque()
+
+
+class _Batch:
+    """One micro-batch: a prefill pass, or a decode lane (which makes one pass per step)."""
+
+    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "rids", "running", "shape", "stage", "steps")
+
+    def __init__(self, inst: _Instance, lane: int) -> None:
+        self.inst = inst
+        self.lane = lane
+        self.rids: dict[int, None] = {}
+        self.stage = 0
+        self.shape: Shape | None = None
+        self.key: tuple[object, ...] = ()
+        self.running = False
+        self.steps = 0
+        self.ctx_sum = 0
+        self.finish_at: dict[int, list[int]] = {}
+
+
+class _Instance:
+    __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "max_lanes", "midx", "phase", "queue", "ready_s",
+                 "region", "spec", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s", "weight")
+
+    def __init__(self, iid: int, spec: InstanceSpec, midx: int, start_s: float, ready_s: float,
+                 config_of: Callable[[str], object]) -> None:
+        t = spec.template
+        self.id = iid
+        self.spec = spec
+        self.midx = midx
+        self.phase = t.phase
+        self.region = spec.region
+        self.weight = t.throughput_tok_per_s
+        self.b = t.placement.micro_batch
+        self.start_s = start_s
+        self.ready_s = ready_s
+        self.stop_s = math.inf
+        self.state = Lifecycle.STARTING
+        self.held = 0  # requests queued, running, or whose KV is on the way here
+        self.stages: list[list[_Node]] = []
+        self.stage_layers: list[int] = []
+        self.stage_wrr: list[SmoothWRR] = []
+        for st in t.placement.stages:
+            self.stages.append([_Node(config_of(name), self) for name in st.nodes])
+            self.stage_layers.append(st.layers)
+            # Replaced by weights ∝ node throughput in `_Sim.start_instance` (needs the perf model).
+            self.stage_wrr.append(SmoothWRR([1.0] * len(st.nodes)))
+        # Micro-batches in flight, as the memory model budgets them: per node of the narrowest
+        # stage, S decode micro-batches of KV, or 2 prefill micro-batches per stage (so the next
+        # prompt batch can enter stage 0 while the last one is still in the pipeline).
+        per_node = len(self.stages) if t.phase is Phase.DECODE else 2 * len(self.stages)
+        self.max_lanes = per_node * min(len(s) for s in self.stages)
+        self.lanes = [_Batch(self, i) for i in range(self.max_lanes)]
+        self.idle_lanes = self.max_lanes
+        self.queue: deque[int] = deque()
+
+
+class _Sim:
+    def __init__(self, scenario: object, traces: Mapping[str, Trace], *, duration_s: float, epoch_s: float,
+                 init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None) -> None:
+        if not duration_s > 0:
+            raise CoralError(f"duration_s must be > 0, got {duration_s}")
+        if not epoch_s > 0:
+            raise CoralError(f"epoch_s must be > 0, got {epoch_s}")
+        if not init_s >= 0:
+            raise CoralError(f"init_s must be >= 0, got {init_s}")
+        self.sc = scenario
+        self.perf = scenario.perf  # type: ignore[attr-defined]
+        self.duration_s = float(duration_s)
+        self.epoch_s = float(epoch_s)
+        self.init_s = float(init_s)
+        self.seed = seed
+        self.replan = replan
+        self.progress = progress
+        self.models = [m.name for m in scenario.models]  # type: ignore[attr-defined]
+        self.midx = {m: i for i, m in enumerate(self.models)}
+        self.specs = [m.spec for m in scenario.models]  # type: ignore[attr-defined]
+        for name in traces:
+            if name not in self.midx:
+                raise CoralError(f"trace for unknown model {name!r}; scenario models: {', '.join(self.models)}")
+        self._cfg_cache: dict[str, object] = {}
+        self._time_cache: dict[tuple[object, ...], float] = {}
+        self._xfer_cache: dict[tuple[object, ...], float] = {}
+        self._load_requests(traces)
+        self.q: list[tuple[float, int, int, Any, Any]] = []
+        self.seq = itertools.count()
+        self.events = 0
+        self.instances: list[_Instance] = []
+        self.active: list[list[list[_Instance]]] = [[[], []] for _ in self.models]  # [model][phase] ACTIVE ones
+        self.prefill_wrr: list[SmoothWRR | None] = [None] * len(self.models)
+        self.decode_states: list[dict[tuple[int, ...], WrrState]] = [{} for _ in self.models]
+        self.pending_prefill: list[deque[int]] = [deque() for _ in self.models]
+        self.pending_decode: list[deque[tuple[int, _Node]]] = [deque() for _ in self.models]
+        self.epochs: list[EpochRecord] = []
+        self.n_arrived = 0
+        self.n_done = 0
+        self.n_failed = 0
+
+    # -- requests ------------------------------------------------------------------------------
+    def _load_requests(self, traces: Mapping[str, Trace]) -> None:
+        parts = []
+        for name, tr in traces.items():
+            keep = tr.arrival_s < self.duration_s
+            n = int(keep.sum())
+            parts.append((np.full(n, self.midx[name], dtype=np.int64), tr.arrival_s[keep],
+                          tr.prompt_tokens[keep], tr.output_tokens[keep]))
+        if parts:
+            model = np.concatenate([p[0] for p in parts])
+            arr = np.concatenate([p[1] for p in parts]).astype(np.float64)
+            prompt = np.concatenate([p[2] for p in parts]).astype(np.int64)
+            out = np.concatenate([p[3] for p in parts]).astype(np.int64)
+        else:
+            model, arr = np.zeros(0, np.int64), np.zeros(0)
+            prompt, out = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        order = np.lexsort((np.arange(len(arr)), model, arr))  # by time, then model order, then trace order
+        self.r_model: list[int] = model[order].tolist()
+        self.r_arrival: list[float] = arr[order].tolist()
+        self.r_prompt: list[int] = np.maximum(prompt[order], 1).tolist()
+        self.r_out: list[int] = np.maximum(out[order], 1).tolist()
+        n = len(self.r_arrival)
+        nan = math.nan
+        self.r_status = [_WAITING] * n
+        self.r_reason: list[str] = [""] * n
+        self.r_pstart = [nan] * n  # prefill micro-batch entered stage 0
+        self.r_first = [nan] * n  # first token out (end of the last prefill stage)
+        self.r_kv = [nan] * n  # KV arrived at the decode instance
+        self.r_dstart = [nan] * n  # first decode step began
+        self.r_done = [nan] * n
+        self.r_pinst = [-1] * n
+        self.r_dinst = [-1] * n
+        self.r_join = [0] * n  # decode lane step at which the sequence joined
+
+    # -- kernel ---------------------------------------------------------------------------------
+    def push(self, t: float, kind: int, a: Any, b: Any = None) -> None:
+        heapq.heappush(self.q, (t, kind, next(self.seq), a, b))
+
+    def config(self, name: str) -> object:
+        c = self._cfg_cache.get(name)
+        if c is None:
+            c = self._cfg_cache[name] = self.sc.config(name)  # type: ignore[attr-defined]
+        return c
+
+    def run(self) -> SimResult:
+        wall0 = time.perf_counter()
+        n = len(self.r_arrival)
+        if n:
+            self.push(self.r_arrival[0], _ARRIVAL, 0)
+        k = 1
+        while k * self.epoch_s < self.duration_s - 1e-9:
+            self.push(k * self.epoch_s, _EPOCH, k)
+            k += 1
+        q = self.q
+        pop = heapq.heappop
+        end = self.duration_s
+        finish, node_arrive, kv_arrive = self._finish, self._node_arrive, self._kv_arrive
+        events = 0
+        while q:
+            t, kind, _, a, b = q[0]
+            if t > end:
+                break
+            pop(q)
+            events += 1
+            if kind == _FINISH:
+                finish(t, a, b)
+            elif kind == _NODE_ARRIVE:
+                node_arrive(t, a, b)
+            elif kind == _KV_ARRIVE:
+                kv_arrive(t, a, b)
+            elif kind == _ARRIVAL:
+                self._arrival(t, a)
+            elif kind == _READY:
+                self._ready(t, a)
+            else:
+                self._epoch(t)
+        self.events = events
+        self._close(end)
+        return build_result(self, wall_s=time.perf_counter() - wall0)
+
+    # -- instances --------------------------------------------------------------------------------
+    def start_instance(self, spec: InstanceSpec, now: float, ready_s: float) -> _Instance:
+        m = spec.template.model
+        if m not in self.midx:
+            raise CoralError(f"instance of unknown model {m!r}")
+        for name in spec.template.nodes:
+            if (spec.region, name) not in self.sc.prices:  # type: ignore[attr-defined]
+                raise CoralError(f"no price for {name} in region {spec.region!r}")
+        inst = _Instance(len(self.instances), spec, self.midx[m], now, ready_s, self.config)
+        served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
+        shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, served.prompt_tokens_mean),
+                      output_tokens=served.output_tokens_mean)
+        last = len(inst.stages) - 1
+        for s, nodes in enumerate(inst.stages):
+            if len(nodes) > 1:  # WRR ∝ node throughput u/τ_k at the template's nominal shape
+                inst.stage_wrr[s] = SmoothWRR([
+                    1.0 / self.perf.node_time_s(n.cfg, self.specs[inst.midx], shape, inst.stage_layers[s],
+                                                first=s == 0, last=s == last) for n in nodes])
+        self.instances.append(inst)
+        self.push(ready_s, _READY, inst)
+        return inst
+
+    def _ready(self, t: float, inst: _Instance) -> None:
+        if inst.state is not Lifecycle.STARTING:
+            return
+        inst.state = next_state(inst.state, LifecycleEvent.READY, in_flight=inst.held)
+        self._set_active(inst.midx, inst.phase)
+        m = inst.midx
+        if inst.phase is Phase.PREFILL:
+            pend = self.pending_prefill[m]
+            while pend:
+                self._route_prefill(t, pend.popleft())
+        else:
+            pend2 = self.pending_decode[m]
+            while pend2:
+                rid, src = pend2.popleft()
+                self._route_decode(t, rid, src)
+
+    def _set_active(self, m: int, phase: Phase) -> None:
+        p = 0 if phase is Phase.PREFILL else 1
+        act = [i for i in self.instances if i.midx == m and i.phase is phase and i.state is Lifecycle.ACTIVE]
+        self.active[m][p] = act
+        if p == 0:
+            self.prefill_wrr[m] = SmoothWRR([i.weight for i in act]) if act else None
+        else:
+            self.decode_states[m] = {}
+
+    def _release(self, t: float, inst: _Instance, n: int) -> None:
+        inst.held -= n
+        if inst.state is Lifecycle.DRAINING and inst.held == 0:
+            inst.state = next_state(inst.state, LifecycleEvent.IDLE, in_flight=0)
+            inst.stop_s = t
+
+    def _remove(self, t: float, inst: _Instance) -> None:
+        was_active = inst.state is Lifecycle.ACTIVE
+        inst.state = next_state(inst.state, LifecycleEvent.REMOVE, in_flight=inst.held)
+        if inst.state is Lifecycle.STOPPED:
+            inst.stop_s = t
+        if was_active:
+            self._set_active(inst.midx, inst.phase)
+
+    # -- requests through the cluster -----------------------------------------------------------
+    def _arrival(self, t: float, rid: int) -> None:
+        self.n_arrived += 1
+        if rid + 1 < len(self.r_arrival):
+            self.push(self.r_arrival[rid + 1], _ARRIVAL, rid + 1)
+        self._route_prefill(t, rid)
+
+    def _route_prefill(self, t: float, rid: int) -> None:
+        m = self.r_model[rid]
+        wrr = self.prefill_wrr[m]
+        if wrr is None:
+            self.pending_prefill[m].append(rid)
+            return
+        inst = self.active[m][0][wrr.pick()]
+        self.r_pinst[rid] = inst.id
+        inst.queue.append(rid)
+        inst.held += 1
+        self._start_prefill(t, inst)
+
+    def _start_prefill(self, t: float, inst: _Instance) -> None:
+        queue = inst.queue
+        while queue and inst.idle_lanes:
+            lane = next(x for x in inst.lanes if not x.running)
+            inst.idle_lanes -= 1
+            lane.running = True
+            rids = lane.rids
+            rids.clear()
+            total = 0
+            for _ in range(min(inst.b, len(queue))):
+                rid = queue.popleft()
+                rids[rid] = None
+                total += self.r_prompt[rid]
+                self.r_status[rid] = _PREFILL
+            mean = total / len(rids)
+            lane.shape = Shape(phase=Phase.PREFILL, batch=len(rids), prompt_tokens=mean, output_tokens=0.0)
+            lane.key = (Phase.PREFILL, len(rids), mean)
+            lane.stage = 0
+            self._enter(t, lane, 0)
+
+    def _enter(self, t: float, lane: _Batch, s: int) -> None:
+        inst = lane.inst
+        nodes = inst.stages[s]
+        node = nodes[inst.stage_wrr[s].pick()] if len(nodes) > 1 else nodes[0]
+        self._node_arrive(t, node, lane)
+
+    def _node_time(self, node: _Node, lane: _Batch) -> float:
+        inst = lane.inst
+        s = lane.stage
+        key = (node.cfg, inst.midx, s == 0, s == len(inst.stages) - 1, inst.stage_layers[s], lane.key)
+        v = self._time_cache.get(key)
+        if v is None:
+            spec = self.specs[inst.midx]
+            v = self.perf.node_time_s(node.cfg, spec, lane.shape, inst.stage_layers[s],
+                                      first=s == 0, last=s == len(inst.stages) - 1)
+            self._time_cache[key] = v
+        return v
+
+    def _node_arrive(self, t: float, node: _Node, lane: _Batch) -> None:
+        if node.busy:
+            node.queue.append(lane)
+            return
+        node.busy = True
+        node.started_at = t
+        if lane.stage == 0 and lane.inst.phase is Phase.PREFILL:  # queueing ends when stage 0 starts
+            pstart = self.r_pstart
+            for rid in lane.rids:
+                pstart[rid] = t
+        self.push(t + self._node_time(node, lane), _FINISH, node, lane)
+
+    def _finish(self, t: float, node: _Node, lane: _Batch) -> None:
+        node.busy_s += t - node.started_at
+        node.busy = False
+        if node.queue:
+            self._node_arrive(t, node, node.queue.popleft())
+        inst = lane.inst
+        s = lane.stage
+        if s + 1 < len(inst.stages):
+            lane.stage = s + 1
+            nodes = inst.stages[s + 1]
+            nxt = nodes[inst.stage_wrr[s + 1].pick()] if len(nodes) > 1 else nodes[0]
+            key = (node.cfg, nxt.cfg, inst.midx, lane.key)
+            x = self._xfer_cache.get(key)
+            if x is None:
+                x = self._xfer_cache[key] = self.perf.transfer_s(self.specs[inst.midx], lane.shape, node.cfg, nxt.cfg)
+            self.push(t + x, _NODE_ARRIVE, nxt, lane)
+        elif inst.phase is Phase.PREFILL:
+            self._prefill_done(t, node, lane)
+        else:
+            self._step_done(t, lane)
+
+    def _prefill_done(self, t: float, node: _Node, lane: _Batch) -> None:
+        inst = lane.inst
+        rids = list(lane.rids)
+        lane.rids.clear()
+        lane.running = False
+        inst.idle_lanes += 1
+        for rid in rids:
+            self.r_first[rid] = t
+            if self.r_out[rid] <= 1:
+                self._complete(t, rid)
+            else:
+                self.r_status[rid] = _DECODE
+                self._route_decode(t, rid, node)
+        self._release(t, inst, len(rids))
+        if inst.queue:
+            self._start_prefill(t, inst)
+
+    def _route_decode(self, t: float, rid: int, src: _Node) -> None:
+        m = self.r_model[rid]
+        act = self.active[m][1]
+        if not act:
+            self.pending_decode[m].append((rid, src))
+            return
+        cands = [Candidate(id=k, region=i.region, weight=i.weight) for k, i in enumerate(act)]
+        k, self.decode_states[m] = choose_decode(cands, src.inst.region, self.decode_states[m])
+        assert k is not None
+        dst = act[k]
+        self.r_dinst[rid] = dst.id
+        dst.held += 1
+        # The KV is re-sharded by layer onto the decode nodes; time it over the slowest NIC of
+        # the decode placement (every decode node receives its layers' share in parallel).
+        dcfg = min((n.cfg for st in dst.stages for n in st), key=lambda c: c.network_bytes_per_s)  # type: ignore[attr-defined]
+        key = (src.cfg, dcfg, m, self.r_prompt[rid])
+        x = self._xfer_cache.get(key)
+        if x is None:
+            x = self._xfer_cache[key] = self.perf.kv_transfer_s(self.specs[m], self.r_prompt[rid], src.cfg, dcfg)
+        self.push(t + x, _KV_ARRIVE, dst, rid)
+
+    def _kv_arrive(self, t: float, inst: _Instance, rid: int) -> None:
+        self.r_kv[rid] = t
+        inst.queue.append(rid)
+        if inst.idle_lanes:
+            lane = next(x for x in inst.lanes if not x.running)
+            self._fill(t, lane)
+            self._start_step(t, lane)
+
+    def _fill(self, t: float, lane: _Batch) -> None:
+        inst = lane.inst
+        queue = inst.queue
+        rids = lane.rids
+        room = inst.b - len(rids)
+        while room > 0 and queue:
+            rid = queue.popleft()
+            room -= 1
+            rids[rid] = None
+            self.r_dstart[rid] = t
+            self.r_join[rid] = lane.steps
+            lane.ctx_sum += self.r_prompt[rid] + 1
+            lane.finish_at.setdefault(lane.steps + self.r_out[rid] - 1, []).append(rid)
+
+    def _start_step(self, t: float, lane: _Batch) -> None:
+        n = len(lane.rids)
+        if not lane.running:
+            lane.running = True
+            lane.inst.idle_lanes -= 1
+        ctx = max(1, round(lane.ctx_sum / n / CTX_GRID_TOK)) * CTX_GRID_TOK
+        key = (Phase.DECODE, n, ctx)
+        if key != lane.key:
+            lane.key = key
+            lane.shape = Shape(phase=Phase.DECODE, batch=n, prompt_tokens=float(ctx), output_tokens=0.0)
+        lane.stage = 0
+        self._enter(t, lane, 0)
+
+    def _step_done(self, t: float, lane: _Batch) -> None:
+        inst = lane.inst
+        lane.steps += 1
+        rids = lane.rids
+        lane.ctx_sum += len(rids)
+        done = lane.finish_at.pop(lane.steps, None)
+        if done:
+            for rid in done:
+                del rids[rid]
+                lane.ctx_sum -= self.r_prompt[rid] + 1 + lane.steps - self.r_join[rid]
+                self._complete(t, rid)
+            self._release(t, inst, len(done))
+        if inst.queue:
+            self._fill(t, lane)
+        if rids:
+            self._start_step(t, lane)
+        else:
+            lane.running = False
+            lane.ctx_sum = 0
+            inst.idle_lanes += 1
+
+    def _complete(self, t: float, rid: int) -> None:
+        self.r_done[rid] = t
+        self.r_status[rid] = _DONE
+        self.n_done += 1
+
+    # -- epochs ---------------------------------------------------------------------------------
+    def running_specs(self) -> list[InstanceSpec]:
+        return [i.spec for i in self.instances if i.state in (Lifecycle.ACTIVE, Lifecycle.STARTING)]
+
+    def _epoch(self, t: float) -> None:
+        self._record_epoch(t)
+        lo = t - self.epoch_s
+        demand: dict[tuple[str, Phase], float] = {}
+        i = self._epoch_first
+        arr = self.r_arrival
+        prompt = [0.0] * len(self.models)
+        out = [0.0] * len(self.models)
+        while i < len(arr) and arr[i] < t:
+            if arr[i] >= lo:
+                m = self.r_model[i]
+                prompt[m] += self.r_prompt[i]
+                out[m] += self.r_out[i]
+            i += 1
+        self._epoch_first = i
+        for m, name in enumerate(self.models):
+            demand[(name, Phase.PREFILL)] = prompt[m] / self.epoch_s
+            demand[(name, Phase.DECODE)] = out[m] / self.epoch_s
+        plan = list(self.replan(t, demand, self.running_specs()))
+        self.apply_plan(t, plan)
+        if self.progress is not None:
+            self.progress(t, self.duration_s)
+
+    def apply_plan(self, t: float, plan: Sequence[InstanceSpec]) -> None:
+        want: dict[InstanceSpec, int] = {}
+        for spec in plan:
+            want[spec] = want.get(spec, 0) + 1
+        # Keep serving instances before starting ones, then oldest first: fewer cold starts.
+        keep_order = ([i for i in self.instances if i.state is Lifecycle.ACTIVE]
+                      + [i for i in self.instances if i.state is Lifecycle.STARTING])
+        for inst in keep_order:
+            if want.get(inst.spec, 0) > 0:
+                want[inst.spec] -= 1
+            else:
+                self._remove(t, inst)
+        for spec in plan:  # plan order, so new instance ids are deterministic
+            if want.get(spec, 0) > 0:
+                want[spec] -= 1
+                self.start_instance(spec, t, t + self.init_s)
+
+    def _record_epoch(self, t: float) -> None:
+        # Counted from the request states, independently of the finished / failed counters.
+        in_flight = sum(1 for s in self.r_status[: self.n_arrived] if s in (_WAITING, _PREFILL, _DECODE))
+        self.epochs.append(EpochRecord(
+            t_s=t, arrived=self.n_arrived, finished=self.n_done, failed=self.n_failed, in_flight=in_flight,
+            instances=tuple(self._instance_counts())))
+
+    def _instance_counts(self) -> list[tuple[str, str, int]]:
+        counts: dict[tuple[str, str], int] = {}
+        for i in self.instances:
+            if i.state is not Lifecycle.STOPPED:
+                k = (i.spec.key, i.state.value)
+                counts[k] = counts.get(k, 0) + 1
+        return [(k, s, n) for (k, s), n in sorted(counts.items())]
+
+    def _close(self, end: float) -> None:
+        for m in range(len(self.models)):
+            for rid in self.pending_prefill[m]:
+                self.r_status[rid] = _FAILED
+                self.r_reason[rid] = "no prefill instance of the model was ever ready"
+                self.n_failed += 1
+            for rid, _ in self.pending_decode[m]:
+                self.r_status[rid] = _FAILED
+                self.r_reason[rid] = "no decode instance of the model was ever ready"
+                self.n_failed += 1
+        self._record_epoch(end)
+        for inst in self.instances:
+            if inst.stop_s > end:
+                inst.stop_s = end
+            for st in inst.stages:
+                for node in st:
+                    if node.busy:  # count the running micro-batch's work up to the end
+                        node.busy_s += end - node.started_at
+
+    _epoch_first = 0
+
+    def instance_records(self) -> list[InstanceRecord]:
+        prices = self.sc.prices  # type: ignore[attr-defined]
+        out = []
+        for i in self.instances:
+            price_h = sum(prices[(i.region, n)] for n in i.spec.template.nodes)
+            out.append(InstanceRecord(
+                id=i.id, key=i.spec.key, model=self.models[i.midx], phase=i.phase.value, region=i.region,
+                start_s=i.start_s, ready_s=min(i.ready_s, self.duration_s), stop_s=i.stop_s,
+                nodes=sum(len(s) for s in i.stages), price_usd_per_h=price_h,
+                busy_node_s=sum(n.busy_s for s in i.stages for n in s), state=i.state.value))
+        return out
+
+
+def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
+             duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
+             progress: ProgressFn | None = None) -> SimResult:
+    """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
+
+    Args:
+        scenario: the scenario (models with SLOs, prices, the performance model `perf`).
+        traces: model name -> its requests (arrivals at or after `duration_s` are ignored).
+        initial: the instances serving at time 0 (ready at once; paid from 0).
+        replan: called at every epoch boundary `k·epoch_s < duration_s` with the time, the demand
+            observed over the last epoch (prompt tokens/s for prefill, output tokens/s for decode,
+            of the requests that arrived) and the specs of the running (active + starting)
+            instances; returns the new plan. Instances in the plan and running are kept, new ones
+            start and serve after `init_s`, the rest drain.
+        duration_s: simulated time; work still running then is reported in flight.
+        epoch_s: the re-planning period.
+        init_s: start-up time of a new instance (paid, not serving).
+        seed: recorded in the summary; the run itself is deterministic given its inputs (the
+            traces carry the randomness).
+        progress: called with (now_s, duration_s) after every epoch boundary.
+
+    Returns:
+        The run's `SimResult`.
+
+    Raises:
+        CoralError: bad durations, a trace or instance for a model the scenario lacks, or an
+            instance in a region without a price for one of its nodes.
+    """
+    sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
+               replan=replan, progress=progress)
+    for spec in initial:
+        sim.start_instance(spec, 0.0, 0.0)
+    return sim.run()

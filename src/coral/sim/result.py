@@ -1,0 +1,315 @@
+"""What a simulation run measured: per-request records, per-instance costs, per-epoch state; summary and files."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+STATUS_NAMES = ("in_flight", "in_flight", "in_flight", "finished", "failed")  # by engine status code
+_DONE, _FAILED = 3, 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpochRecord:
+    """The cluster at one epoch boundary (and at the end of the run)."""
+
+    t_s: float
+    arrived: int
+    finished: int
+    failed: int
+    in_flight: int
+    instances: tuple[tuple[str, str, int], ...]  # (instance key, lifecycle state, count)
+
+    @property
+    def conserved(self) -> bool:
+        return self.arrived == self.finished + self.failed + self.in_flight
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceRecord:
+    """One instance's life and bill."""
+
+    id: int
+    key: str
+    model: str
+    phase: str
+    region: str
+    start_s: float
+    ready_s: float
+    stop_s: float
+    nodes: int
+    price_usd_per_h: float  # all its nodes together
+    busy_node_s: float
+    state: str  # at the end of the run
+
+    def cost_usd(self, lo: float = 0.0, hi: float = math.inf) -> float:
+        """What it cost within `[lo, hi)` (paid from start, while starting and draining too)."""
+        span = min(self.stop_s, hi) - max(self.start_s, lo)
+        return max(0.0, span) * self.price_usd_per_h / 3600.0
+
+
+def _pcts(x: np.ndarray) -> dict[str, float | None]:
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    p50, p90, p99 = np.percentile(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class SimResult:
+    """A finished run. Arrays are per request, in arrival order; times are seconds since the start."""
+
+    scenario: str
+    seed: int
+    duration_s: float
+    epoch_s: float
+    init_s: float
+    models: tuple[str, ...]
+    ttft_slo_s: tuple[float, ...]
+    tpot_slo_s: tuple[float, ...]
+    model: np.ndarray  # index into `models`
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    status: np.ndarray  # engine status code, see STATUS_NAMES
+    reason: tuple[str, ...]  # why a request failed ("" otherwise)
+    prefill_instance: np.ndarray  # -1: none
+    decode_instance: np.ndarray
+    prefill_start_s: np.ndarray  # NaN where it did not happen
+    first_token_s: np.ndarray
+    kv_arrival_s: np.ndarray
+    decode_start_s: np.ndarray
+    done_s: np.ndarray
+    epochs: tuple[EpochRecord, ...]
+    instances: tuple[InstanceRecord, ...]
+    events: int
+    wall_s: float
+
+    # -- per-request figures ---------------------------------------------------------------------
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Mean time between output tokens after the first (0 for one-token outputs), finished requests."""
+        gaps = np.maximum(self.output_tokens - 1, 1)
+        t = (self.done_s - self.first_token_s) / gaps
+        return np.where(self.output_tokens > 1, t, np.where(np.isnan(self.done_s), np.nan, 0.0))
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return self.done_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> np.ndarray:
+        """Prefill queueing: arrival to the first stage (includes waiting for any instance)."""
+        return self.prefill_start_s - self.arrival_s
+
+    @property
+    def decode_queue_s(self) -> np.ndarray:
+        """Decode queueing: KV arrival to the first decode step."""
+        return self.decode_start_s - self.kv_arrival_s
+
+    @property
+    def slo_met(self) -> np.ndarray:
+        ttft_slo = np.asarray(self.ttft_slo_s)[self.model]
+        tpot_slo = np.asarray(self.tpot_slo_s)[self.model]
+        with np.errstate(invalid="ignore"):
+            return (self.status == _DONE) & (self.ttft_s <= ttft_slo) & (self.tpot_s <= tpot_slo)
+
+    # -- summary ------------------------------------------------------------------------------------
+    def summary(self, *, timing: bool = True) -> dict[str, Any]:
+        """JSON-able figures of the run.
+
+        Args:
+            timing: include the host-dependent `wall_s` and `events_per_s` (off for byte-stable output).
+
+        Returns:
+            Top level: `requests` (arrived / finished / failed / in_flight), `cost_usd_per_h`,
+            `goodput_tok_per_s`, `slo_attainment` (met / (finished + failed)),
+            `slo_attainment_arrived` (met / arrived), `per_model`, `per_epoch`, `events`.
+        """
+        met = self.slo_met
+        done = self.status == _DONE
+        failed = self.status == _FAILED
+        n = int(self.status.size)
+        hours = self.duration_s / 3600.0
+        cost = sum(i.cost_usd() for i in self.instances)
+        good_tok = float(self.output_tokens[met].sum())
+        out: dict[str, Any] = {
+            "scenario": self.scenario, "seed": self.seed, "duration_s": self.duration_s, "epoch_s": self.epoch_s,
+            "init_s": self.init_s,
+            "requests": {"arrived": n, "finished": int(done.sum()), "failed": int(failed.sum()),
+                         "in_flight": int(n - done.sum() - failed.sum())},
+            "cost_usd_per_h": cost / hours,
+            "goodput_tok_per_s": good_tok / self.duration_s,
+            "slo_attainment": _ratio(float(met.sum()), float(done.sum() + failed.sum())),
+            "slo_attainment_arrived": _ratio(float(met.sum()), float(n)),
+            "events": self.events,
+        }
+        if timing:
+            out["wall_s"] = self.wall_s
+            out["events_per_s"] = self.events / self.wall_s if self.wall_s > 0 else None
+        out["per_model"] = {name: self._model_summary(m, met) for m, name in enumerate(self.models)}
+        out["per_epoch"] = self._epoch_summary(met)
+        return out
+
+    def _phase_summary(self, name: str, phase: str, hours: float) -> dict[str, Any]:
+        recs = [i for i in self.instances if i.model == name and i.phase == phase]
+        paid_node_s = sum(i.nodes * max(0.0, i.stop_s - i.start_s) for i in recs)
+        busy = sum(i.busy_node_s for i in recs)
+        return {"instances_started": len(recs), "cost_usd_per_h": sum(i.cost_usd() for i in recs) / hours,
+                "utilization": _ratio(busy, paid_node_s)}
+
+    def _model_summary(self, m: int, met: np.ndarray) -> dict[str, Any]:
+        name = self.models[m]
+        sel = self.model == m
+        done = sel & (self.status == _DONE)
+        failed = sel & (self.status == _FAILED)
+        hours = self.duration_s / 3600.0
+        ttft = self.ttft_s[sel]
+        first = sel & ~np.isnan(self.first_token_s)
+        with np.errstate(invalid="ignore"):
+            ttft_ok = float((self.ttft_s[first] <= self.ttft_slo_s[m]).sum())
+            tpot_ok = float((self.tpot_s[done] <= self.tpot_slo_s[m]).sum())
+        n_met = float(met[sel].sum())
+        prefill = self._phase_summary(name, "prefill", hours)
+        prefill.update({"ttft_s": _pcts(ttft), "queue_s": _pcts(self.queue_s[sel]),
+                        "slo_attainment": _ratio(ttft_ok, float(first.sum() + failed.sum())),
+                        "tokens_per_s": float(self.prompt_tokens[first].sum()) / self.duration_s})
+        decode = self._phase_summary(name, "decode", hours)
+        decode.update({"tpot_s": _pcts(self.tpot_s[done]), "queue_s": _pcts(self.decode_queue_s[sel]),
+                       "slo_attainment": _ratio(tpot_ok, float(done.sum() + failed.sum())),
+                       "tokens_per_s": float(self.output_tokens[done].sum()) / self.duration_s})
+        reasons: dict[str, int] = {}
+        for i in np.flatnonzero(failed):
+            reasons[self.reason[i]] = reasons.get(self.reason[i], 0) + 1
+        return {
+            "requests": {"arrived": int(sel.sum()), "finished": int(done.sum()), "failed": int(failed.sum()),
+                         "in_flight": int(sel.sum() - done.sum() - failed.sum())},
+            "failed_reasons": dict(sorted(reasons.items())),
+            "slo_attainment": _ratio(n_met, float(done.sum() + failed.sum())),
+            "goodput_tok_per_s": float(self.output_tokens[met & sel].sum()) / self.duration_s,
+            "cost_usd_per_h": prefill["cost_usd_per_h"] + decode["cost_usd_per_h"],
+            "ttft_s": _pcts(ttft), "tpot_s": _pcts(self.tpot_s[done]), "e2e_s": _pcts(self.e2e_s[done]),
+            "prefill": prefill, "decode": decode,
+        }
+
+    def _epoch_summary(self, met: np.ndarray) -> list[dict[str, Any]]:
+        rows = []
+        lo = 0.0
+        for e in self.epochs:
+            hi = e.t_s
+            span = hi - lo
+            cost = sum(i.cost_usd(lo, hi) for i in self.instances)
+            fin = met & (self.done_s >= lo) & (self.done_s < hi) if hi < self.duration_s else met & (self.done_s >= lo)
+            inst: dict[str, dict[str, int]] = {}
+            for key, state, count in e.instances:
+                inst.setdefault(key, {})[state] = count
+            rows.append({
+                "t_start_s": lo, "t_end_s": hi, "arrived": e.arrived, "finished": e.finished, "failed": e.failed,
+                "in_flight": e.in_flight, "conserved": e.conserved, "cost_usd": cost,
+                "cost_usd_per_h": cost / (span / 3600.0) if span > 0 else None,
+                "goodput_tok_per_s": float(self.output_tokens[fin].sum()) / span if span > 0 else None,
+                "instances": inst,
+            })
+            lo = hi
+        return rows
+
+    # -- files ----------------------------------------------------------------------------------------
+    def write(self, out_dir: str | Path) -> Path:
+        """Write summary.json (without host timings), timing.json, requests.csv and plots/*.png.
+
+        Everything is written into a temporary sibling folder first, which then replaces
+        `out_dir`, so a reader never sees a half-written run.
+
+        Args:
+            out_dir: the folder to (re)create.
+
+        Returns:
+            The folder written.
+
+        Raises:
+            OSError: the folder cannot be written.
+        """
+        out = Path(out_dir)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        try:
+            (tmp / "summary.json").write_text(json.dumps(_clean(self.summary(timing=False)), indent=2) + "\n")
+            (tmp / "timing.json").write_text(json.dumps(
+                {"wall_s": self.wall_s, "events": self.events,
+                 "events_per_s": self.events / self.wall_s if self.wall_s > 0 else None}, indent=2) + "\n")
+            self._write_csv(tmp / "requests.csv")
+            from coral.sim.plots import write_plots  # matplotlib only when writing
+
+            write_plots(self, tmp / "plots")
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            if out.exists():
+                os.replace(out, old)
+            os.replace(tmp, out)
+            if old.exists():
+                shutil.rmtree(old)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return out
+
+    def _write_csv(self, path: Path) -> None:
+        ttft, tpot, e2e, queue, met = self.ttft_s, self.tpot_s, self.e2e_s, self.queue_s, self.slo_met
+
+        def f(x: float) -> str:
+            return "" if math.isnan(x) else repr(float(x))
+
+        with path.open("w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["id", "model", "arrival_s", "prompt_tokens", "output_tokens", "status", "reason",
+                        "prefill_instance", "decode_instance", "queue_s", "ttft_s", "tpot_s", "e2e_s", "slo_met"])
+            for i in range(self.status.size):
+                w.writerow([i, self.models[self.model[i]], repr(float(self.arrival_s[i])), int(self.prompt_tokens[i]),
+                            int(self.output_tokens[i]), STATUS_NAMES[self.status[i]], self.reason[i],
+                            int(self.prefill_instance[i]), int(self.decode_instance[i]), f(queue[i]), f(ttft[i]),
+                            f(tpot[i]), f(e2e[i]), int(met[i])])
+
+
+def _clean(x: Any) -> Any:
+    """NaN / inf → None (JSON has neither)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_clean(v) for v in x]
+    return x
+
+
+def build_result(sim: Any, *, wall_s: float) -> SimResult:
+    """Freeze a finished engine run into a `SimResult`."""
+    sc = sim.sc
+    return SimResult(
+        scenario=str(getattr(sc, "name", "")), seed=sim.seed, duration_s=sim.duration_s, epoch_s=sim.epoch_s,
+        init_s=sim.init_s, models=tuple(sim.models),
+        ttft_slo_s=tuple(m.ttft_ms / 1e3 for m in sc.models), tpot_slo_s=tuple(m.tpot_ms / 1e3 for m in sc.models),
+        model=np.asarray(sim.r_model, dtype=np.int64), arrival_s=np.asarray(sim.r_arrival, dtype=np.float64),
+        prompt_tokens=np.asarray(sim.r_prompt, dtype=np.int64), output_tokens=np.asarray(sim.r_out, dtype=np.int64),
+        status=np.asarray(sim.r_status, dtype=np.int64), reason=tuple(sim.r_reason),
+        prefill_instance=np.asarray(sim.r_pinst, dtype=np.int64), decode_instance=np.asarray(sim.r_dinst, dtype=np.int64),
+        prefill_start_s=np.asarray(sim.r_pstart), first_token_s=np.asarray(sim.r_first), kv_arrival_s=np.asarray(sim.r_kv),
+        decode_start_s=np.asarray(sim.r_dstart), done_s=np.asarray(sim.r_done),
+        epochs=tuple(sim.epochs), instances=tuple(sim.instance_records()), events=sim.events, wall_s=wall_s)

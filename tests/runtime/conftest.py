@@ -1,0 +1,73 @@
+"""Shared fixtures of the runtime tests: every test here is marked ``runtime``."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("zmq")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/runtime" in str(item.fspath):
+            item.add_marker(pytest.mark.runtime)
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Poll ``pred`` until true or ``timeout_s`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(poll_s)
+    return bool(pred())
+
+
+def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None, raw: bytes | None = None, timeout_s: float = 30) -> tuple[int, Any]:
+    """One HTTP request; returns (status, parsed JSON or text)."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def sse(url: str, body: Any, timeout_s: float = 30) -> list[tuple[float, Any]]:
+    """POST a streaming request; returns (arrival time, parsed event) per ``data:`` line."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"})
+    out: list[tuple[float, Any]] = []
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            payload = line[len(b"data: "):]
+            out.append((time.perf_counter(), payload.decode() if payload == b"[DONE]" else json.loads(payload)))
+    return out
+
+
+@pytest.fixture
+def threads() -> Iterator[list[tuple[threading.Thread, threading.Event]]]:
+    """Collects (thread, stop event) pairs and stops them all after the test."""
+    started: list[tuple[threading.Thread, threading.Event]] = []
+    yield started
+    for _t, ev in started:
+        ev.set()
+    for t, _ev in started:
+        t.join(timeout=5)

@@ -1,0 +1,128 @@
+"""Wire protocol and transports: round trips, and bad messages rejected without killing the receiver."""
+
+from __future__ import annotations
+
+import logging
+
+import msgpack
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coral.runtime.protocol import (
+    BatchItem,
+    DecodeAdmit,
+    ForwardBatch,
+    KvPush,
+    KvSource,
+    ProtocolError,
+    Submit,
+    TensorBlob,
+    TokenOut,
+    decode,
+    encode,
+)
+from coral.runtime.transport import InprocHub, InprocTransport, ZmqTransport
+
+
+def _submit(**kw: object) -> Submit:
+    base = dict(request_id="r1", prompt=(1, 2, 3), max_tokens=4, temperature=0.0, seed=1, eos_ids=(2,), reply_to="c")
+    base.update(kw)
+    return Submit(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_tensor_round_trip_bit_exact(dtype: torch.dtype) -> None:
+    t = torch.randn(1, 3, 5).to(dtype)
+    back = TensorBlob.from_torch(t).to_torch()
+    assert dtype == back.dtype
+    assert torch.equal(t, back)
+
+
+def test_nested_messages_round_trip() -> None:
+    blob = TensorBlob.from_torch(torch.arange(6, dtype=torch.float32).reshape(1, 2, 3))
+    item = BatchItem(request_id="a", position=3, token_ids=(), hidden=blob, route=("x", "y"), temperature=0.5, seed=9, step=2)
+    for msg in (
+        ForwardBatch(batch_id=7, reply_to="s", items=(item,)),
+        DecodeAdmit(submit=_submit(decode_to="d"), generated=(5,), sources=(KvSource(address="p", layer_start=0, layer_end=2),)),
+        KvPush(request_id="a", layer_start=2, seq_len=3, keys=(blob,), values=(blob,), notify="n"),
+        TokenOut(request_id="a", tokens=(1,), finished=True, finish_reason="stop"),
+    ):
+        assert msg == decode(encode(msg))
+
+
+@given(prompt=st.lists(st.integers(0, 2**31), max_size=50), temp=st.floats(0, 2), rid=st.text(max_size=20))
+def test_submit_round_trip_property(prompt: list[int], temp: float, rid: str) -> None:
+    msg = _submit(prompt=tuple(prompt), temperature=temp, request_id=rid)
+    assert msg == decode(encode(msg))
+
+
+@pytest.mark.parametrize(
+    ("raw", "match"),
+    [
+        (b"\xc1\xc1garbage", "not msgpack"),
+        (msgpack.packb([1, 2]), "no tag"),
+        (msgpack.packb({"@": "Pickle", "x": 1}), "unknown message tag"),
+        (msgpack.packb({"@": "TensorBlob", "dtype": "float32", "shape": [], "data": b"\0" * 4}), "unknown message tag"),
+        (msgpack.packb({"@": "Release", "request_ids": ["a"], "evil": 1}), "unknown fields"),
+        (msgpack.packb({"@": "Release", "request_ids": "a"}), "expected an array"),
+        (msgpack.packb({"@": "TokenOut", "request_id": "a", "tokens": [True], "finished": True}), "expected an integer"),
+        (msgpack.packb({"@": "Release"}), "bad Release"),
+        (
+            msgpack.packb({"@": "KvPush", "request_id": "a", "layer_start": 0, "seq_len": 1, "notify": "n", "values": [],
+                           "keys": [{"@": "TensorBlob", "dtype": "float32", "shape": [4], "data": b"\0" * 3}]}),
+            "needs 16 bytes",
+        ),
+        (msgpack.packb({"@": "KvPush", "request_id": "a", "layer_start": 0, "seq_len": 1, "notify": "n", "values": [],
+                        "keys": [{"@": "TensorBlob", "dtype": "object", "shape": [0], "data": b""}]}), "unsupported tensor dtype"),
+    ],
+)  # fmt: skip
+def test_malformed_messages_rejected(raw: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        decode(raw)
+
+
+def test_oversized_message_rejected() -> None:
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode(encode(_submit(prompt=tuple(range(1000)))), max_bytes=100)
+
+
+def test_encode_refuses_non_messages() -> None:
+    with pytest.raises(TypeError, match="not a top-level"):
+        encode(TensorBlob(dtype="float32", shape=(0,), data=b""))
+
+
+def test_inproc_transport_drops_bad_and_keeps_going(caplog: pytest.LogCaptureFixture) -> None:
+    hub = InprocHub()
+    a, b = InprocTransport(hub, "a"), InprocTransport(hub, "b", max_message_bytes=1000)
+    a.send_raw("b", b"junk")
+    a.send("b", _submit(prompt=tuple(range(2000))))  # too big for b
+    a.send("b", _submit())
+    with caplog.at_level(logging.WARNING):
+        assert _submit() == b.recv(1.0)
+    assert 2 == b.rejected
+    assert "dropped a bad message" in caplog.text
+
+
+def test_zmq_transport_round_trip_and_rejects(caplog: pytest.LogCaptureFixture) -> None:
+    a = ZmqTransport()
+    b = ZmqTransport(max_message_bytes=10_000)
+    try:
+        assert b.address.startswith("tcp://127.0.0.1:")
+        a.send_raw(b.address, b"\x00not msgpack")
+        a.send_raw(b.address, b"x" * 15_000)  # over the decoder limit, under the socket's (2x)
+        a.send(b.address, _submit(request_id="first"))  # same connection: arrives after the bad two
+        with caplog.at_level(logging.WARNING):
+            assert _submit(request_id="first") == b.recv(5.0)
+        assert 2 == b.rejected
+        assert "dropped a bad message" in caplog.text
+        a3, a2 = ZmqTransport(), ZmqTransport()
+        a3.send_raw(b.address, b"x" * 50_000)  # over the socket limit: ZeroMQ drops that connection
+        a2.send(b.address, _submit(request_id="after"))
+        assert _submit(request_id="after") == b.recv(5.0)
+        a2.close()
+        a3.close()
+    finally:
+        a.close()
+        b.close()
