@@ -152,34 +152,81 @@ def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: 
     return total, ok
 
 
-def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None = None) -> tuple[list[Template], LibraryStats]:
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(spec: TemplateSpec, perf: PerfModel) -> None:
+    _WORKER["timings"] = _Timings(perf, spec)
+
+
+def _solve_chunk(chunk: list[tuple[tuple[str, ...], float]]) -> list[Placement | None]:
+    timings = _WORKER["timings"]
+    return [solve_multiset(timings, nodes, floor) for nodes, floor in chunk]
+
+
+def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None = None,
+              jobs: int = 1) -> tuple[list[Template], LibraryStats]:
     """Solve every multiset of one (model, phase), pruning by dominance on the way, and keep the
-    non-dominated feasible templates."""
+    non-dominated feasible templates.
+
+    Multisets are solved by size, smallest first; each one's floor is the best throughput of its
+    sub-multisets (found at the previous sizes), so the multisets of one size are independent and
+    run in `jobs` processes.
+    """
     start = time.perf_counter()
     timings = _Timings(perf, spec)
     total, candidates = enumerate_multisets(spec.configs, spec.model, spec.n_max, spec.rho)
+    by_size: dict[int, list[tuple[str, ...]]] = {}
+    for nodes in candidates:
+        by_size.setdefault(len(nodes), []).append(nodes)
     best_sub: dict[tuple[str, ...], float] = {}  # best throughput of the multiset or any sub-multiset
     found: list[Template] = []
-    solved = 0
-    for i, nodes in enumerate(candidates):
-        # Sub-multisets one node smaller were enumerated earlier (smaller sizes first); those
-        # that failed the memory filter have no placement (0).
-        floor = max((best_sub.get(nodes[:k] + nodes[k + 1:], 0.0) for k in range(len(nodes))), default=0.0) if len(nodes) > 1 else 0.0
-        placement = solve_multiset(timings, nodes, floor)
-        solved += 1
-        if placement is not None:
-            found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, nodes=nodes, placement=placement))
-            best_sub[nodes] = placement.throughput_tok_per_s
-        else:
-            best_sub[nodes] = floor
-        if progress and (i % 50 == 0 or i == len(candidates) - 1):
-            progress(i + 1, len(candidates))
+    done = 0
+    pool = None
+    try:
+        for size in sorted(by_size):
+            level = by_size[size]
+            # Sub-multisets one node smaller come from the previous size; those that failed the
+            # memory filter have no placement (0).
+            tasks = [(nodes, max((best_sub.get(nodes[:k] + nodes[k + 1:], 0.0) for k in range(size)), default=0.0)
+                      if size > 1 else 0.0) for nodes in level]
+            if jobs > 1 and len(tasks) >= 64:
+                if pool is None:
+                    import concurrent.futures as cf
+                    import multiprocessing as mp
+
+                    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"),
+                                                  initializer=_init_worker, initargs=(spec, perf))
+                step = max(16, len(tasks) // (jobs * 8))
+                chunks = [tasks[i:i + step] for i in range(0, len(tasks), step)]
+                results: list[Placement | None] = []
+                for part in pool.map(_solve_chunk, chunks):
+                    results.extend(part)
+                    done += len(part)
+                    if progress:
+                        progress(done, len(candidates))
+            else:
+                results = []
+                for nodes, floor in tasks:
+                    results.append(solve_multiset(timings, nodes, floor))
+                    done += 1
+                    if progress and (done % 50 == 0 or done == len(candidates)):
+                        progress(done, len(candidates))
+            for (nodes, floor), placement in zip(tasks, results, strict=True):
+                if placement is not None:
+                    found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, nodes=nodes,
+                                          placement=placement))
+                    best_sub[nodes] = placement.throughput_tok_per_s
+                else:
+                    best_sub[nodes] = floor
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     # Every template in `found` beats all of its proper sub-multisets (its floor), so none is
     # dominated: dropping dominated templates here would be a no-op (tests check it).
-    kept = found
     stats = LibraryStats(model=spec.model.name, phase=spec.phase, multisets=total, memory_ok=len(candidates),
-                         solved=solved, feasible=len(found), kept=len(kept), wall_s=time.perf_counter() - start)
-    return kept, stats
+                         solved=len(candidates), feasible=len(found), kept=len(found), wall_s=time.perf_counter() - start)
+    return found, stats
 
 
 # --- serialization ---------------------------------------------------------------------------
@@ -239,17 +286,17 @@ def _write_cache(path: Path, templates: list[Template], stats: LibraryStats) -> 
 
 
 def build_cached(spec: TemplateSpec, perf: PerfModel, cache_dir: Path | None,
-                 progress: ProgressFn | None = None) -> tuple[list[Template], LibraryStats]:
+                 progress: ProgressFn | None = None, jobs: int = 1) -> tuple[list[Template], LibraryStats]:
     """`build_one`, reading / writing the content-addressed cache when `cache_dir` is given."""
     if cache_dir is None:
-        return build_one(spec, perf, progress)
+        return build_one(spec, perf, progress, jobs)
     path = cache_dir / f"{spec.model.name}-{spec.phase.value}-{spec.cache_key(perf)}.jsonl"
     hit = _read_cache(path)
     if hit is not None:
         if progress:
             progress(1, 1)
         return hit
-    templates, stats = build_one(spec, perf, progress)
+    templates, stats = build_one(spec, perf, progress, jobs)
     _write_cache(path, templates, stats)
     return templates, stats
 
@@ -283,20 +330,24 @@ def _build_unit(args: tuple[TemplateSpec, PerfModel, Path | None]) -> tuple[list
     return build_cached(spec, perf, cache_dir)
 
 
+StepFn = Callable[[TemplateSpec, int, int], None]  # (unit, multisets done, multisets in the unit)
+
+
 def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None, n_max: int | None = None,
                   rho: float | None = None, models: Sequence[str] | None = None,
-                  progress: Callable[[LibraryStats], None] | None = None, executor: str = "local",
-                  address: str | None = None) -> TemplateLibrary:
+                  progress: Callable[[LibraryStats], None] | None = None, step: StepFn | None = None,
+                  executor: str = "local", address: str | None = None) -> TemplateLibrary:
     """Build (or read from the cache) the template library of every (model, phase) of a scenario.
 
     Args:
         scenario: a resolved `coral.scenario.Scenario`.
-        jobs: worker processes for the local executor (one (model, phase) per task).
+        jobs: worker processes for the local executor (the multisets of one size run in parallel).
         cache_dir: content-addressed cache folder; None disables caching.
         n_max, rho: override the scenario's planner knobs.
         models: restrict to these model names.
         progress: called with each (model, phase)'s stats as it finishes.
-        executor: 'local' (processes on this machine) or 'ray' (an existing Ray cluster).
+        step: called as multisets are solved, for a progress bar.
+        executor: 'local' (processes on this machine) or 'ray' (one (model, phase) per Ray task).
         address: the Ray cluster address (executor 'ray'); None starts or joins a local one.
 
     Returns:
@@ -311,32 +362,20 @@ def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None
         raise CoralError(f"--n-max must be in [1, 8], got {n_max}")
     if rho is not None and not rho >= 1:
         raise CoralError(f"--rho must be >= 1, got {rho}")
-    specs = specs_for(scenario, n_max, rho, models)
-    tasks = [(s, scenario.perf, cache_dir) for s in specs]
-    results: list[tuple[list[Template], LibraryStats]] = []
-    if executor == "ray":
-        results = _run_ray(tasks, address, progress)
-    elif executor != "local":
+    if executor not in ("local", "ray"):
         raise CoralError(f"unknown executor {executor!r}; valid executors: local, ray")
-    elif jobs == 1 or len(tasks) == 1:
-        for task in tasks:
-            results.append(_build_unit(task))
+    specs = specs_for(scenario, n_max, rho, models)
+    if executor == "ray":
+        results = _run_ray([(s, scenario.perf, cache_dir) for s in specs], address, progress)
+        order = {(s.model.name, s.phase): i for i, s in enumerate(specs)}
+        results.sort(key=lambda r: order[(r[1].model, r[1].phase)])
+    else:
+        results = []
+        for spec in specs:
+            cb = (lambda done, total, spec=spec: step(spec, done, total)) if step else None
+            results.append(build_cached(spec, scenario.perf, cache_dir, cb, jobs))
             if progress:
                 progress(results[-1][1])
-    else:
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        # Largest units first so the pool's tail is short.
-        tasks.sort(key=lambda t: -enumerate_multisets(t[0].configs, t[0].model, t[0].n_max, t[0].rho)[1].__len__())
-        with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork")) as pool:
-            futures = [pool.submit(_build_unit, t) for t in tasks]
-            for fut in cf.as_completed(futures):
-                results.append(fut.result())
-                if progress:
-                    progress(results[-1][1])
-    order = {(s.model.name, s.phase): i for i, s in enumerate(specs)}
-    results.sort(key=lambda r: order[(r[1].model, r[1].phase)])
     return TemplateLibrary(templates=tuple(t for ts, _ in results for t in ts), stats=tuple(s for _, s in results))
 
 

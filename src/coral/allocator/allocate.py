@@ -1,0 +1,243 @@
+"""The allocator's entry points: `allocate` (Coral's ILP or a baseline), `tight_availability`
+(DESIGN §7's scarce setting) and `verify_plan` (an independent re-check of any plan)."""
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from coral.allocator.baselines import cauchy, greedy_per_group
+from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
+from coral.allocator.inputs import AllocationInputs, build_columns, build_inputs
+from coral.allocator.plan import Plan
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.scenario import Scenario
+from coral.solver import SolveOptions, Status
+from coral.templates.template import Template, TemplateLibrary
+
+METHODS: tuple[str, ...] = ("coral", "homo", "cauchy", "template-greedy")
+DEFAULT_OPTIONS = SolveOptions(backend="highs", time_limit_s=60.0, mip_gap=1e-4)
+TIGHT_MARGIN = {"core": 0.25, "extended": 0.75}  # DESIGN §7; any other scenario: 0.25
+_REL_TOL = 1e-6
+
+PrevPlan = Plan | Mapping[tuple[str, str], int]
+
+
+def _single_node(t: Template) -> bool:
+    return len(t.nodes) == 1
+
+
+def _prev_dict(prev: PrevPlan | None) -> dict[tuple[str, str], int] | None:
+    if prev is None:
+        return None
+    items = prev.counts() if isinstance(prev, Plan) else dict(prev)
+    out: dict[tuple[str, str], int] = {}
+    for key, n in items.items():
+        if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
+            raise CoralError(f"prev[{key}] must be a whole number of instances >= 0, got {n!r}")
+        out[key] = int(n)
+    return out
+
+
+def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "coral",
+             demand: Mapping[tuple[str, Phase | str], float] | None = None,
+             availability: Mapping[tuple[str, str], int] | None = None,
+             prev: PrevPlan | None = None, options: SolveOptions | None = None,
+             nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None) -> Plan:
+    """Plan which templates to run where, at least cost (or most goodput when nodes are short).
+
+    Args:
+        scenario: models (order, SLOs, region restrictions, nominal demand), prices, availability,
+            planner settings (`target_utilization`, `init_s`).
+        library: the serving templates.
+        method: "coral" (the joint ILP, DESIGN §4), "homo", "cauchy" or "template-greedy".
+        demand: tokens/s per (model, phase) replacing the nominal demand (e.g. observed demand
+            from the simulator); pairs not given keep the nominal value.
+        availability: nodes per (region, config) replacing the scenario's; pairs not given keep it.
+        prev: the running plan (a `Plan`, or {(region, template key): count}); instances beyond
+            it pay the start-up penalty `p·init_s/3600` (coral optimizes it, the baselines only
+            report it).
+        options: solver backend, time limit (covering all solves of one call) and MIP gap;
+            default HiGHS, 60 s, gap 1e-4.
+        nearest_latency_ms: per (model, phase), the latency of the closest template that missed
+            the SLO, quoted in the error when a model has no template (the library may know it).
+
+    Returns:
+        A `Plan`. Its status is the solver's; on a time-out or solver failure without any plan
+        the `coral` method falls back to `template-greedy` (status TIME_LIMIT / ERROR and a note).
+
+    Raises:
+        CoralError: unknown method; negative / NaN / infinite demand, price or availability (the
+            field named); a (model, phase) with demand but no usable template (model, phase, SLO
+            and the closest template's latency when known).
+    """
+    if method not in METHODS:
+        raise CoralError(f"unknown allocation method {method!r}; valid: {', '.join(METHODS)}")
+    inputs = build_inputs(scenario, library, demand=demand, availability=availability,
+                          nearest_latency_ms=nearest_latency_ms)
+    return allocate_inputs(inputs, method=method, prev=prev, options=options)
+
+
+def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: PrevPlan | None = None,
+                    options: SolveOptions | None = None) -> Plan:
+    """`allocate` on already checked inputs (the simulator may build them once per epoch)."""
+    start = time.perf_counter()
+    options = options or DEFAULT_OPTIONS
+    prev_d = _prev_dict(prev)
+    if method in ("homo", "cauchy"):
+        cols = build_columns(inputs, keep=_single_node)
+    else:
+        cols = build_columns(inputs)
+    nu_prev = prev_counts(inputs, cols, prev_d)
+    if method == "coral":
+        if not cols.groups:
+            nu = np.zeros(cols.num_cols, dtype=np.int64)
+            return build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.OPTIMAL,
+                              solve_s=time.perf_counter() - start, gap=0.0, objective=0.0,
+                              notes=("no demand",))
+        plan, notes = solve_allocation(inputs, cols, nu_prev, options, method=method)
+        if plan is not None:
+            return plan
+        # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
+        nu = greedy_per_group(inputs, cols)
+        status = Status.ERROR if any("error" in n for n in notes) else Status.TIME_LIMIT
+        return build_plan(inputs, cols, nu, nu_prev, method=method, status=status,
+                          solve_s=time.perf_counter() - start, gap=None,
+                          notes=(*notes, "fallback: template-greedy plan"))
+    nu = cauchy(inputs, cols) if method == "cauchy" else greedy_per_group(inputs, cols)
+    plan = build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.FEASIBLE,
+                      solve_s=time.perf_counter() - start, gap=None)
+    short = [f"{d.model}/{d.phase.value} {d.served_fraction:.3g}" for d in plan.demand if d.served_fraction < 1]
+    if short:
+        plan = replace(plan, notes=("ran out of nodes; served fraction: " + ", ".join(short),))
+    return plan
+
+
+def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: float | None = None,
+                       demand: Mapping[tuple[str, Phase | str], float] | None = None,
+                       options: SolveOptions | None = None, floor: int = 0) -> dict[tuple[str, str], int]:
+    """DESIGN §7's scarce setting: availability `margin` above the minimum the demand needs.
+
+    The minimum is read off Coral's optimal plan with unbounded availability: per (region,
+    config), the nodes that plan rents, `n_{r,c}`. The tight availability is
+    `⌈(1 + margin)·n_{r,c}⌉` there and `floor` (default 0) for every other sold pair, so the
+    scarce cluster has the right size for the demand but not the shape of any one method's
+    favourite plan beyond Coral's. (Per-config totals across regions would let a method move
+    everything into the cheapest region; per (region, config) keeps the geography.)
+
+    Args:
+        scenario: the scenario (its name picks the default margin: core 0.25, extended 0.75,
+            anything else 0.25).
+        library: the templates.
+        margin: override the margin (>= 0).
+        demand: as for `allocate` (default: nominal demand).
+        options: solver options for the abundant plan.
+        floor: nodes given to every sold (region, config) the abundant plan does not use.
+
+    Returns:
+        {(region, config): nodes} for every sold pair.
+
+    Raises:
+        CoralError: a negative / non-finite margin or floor, or anything `allocate` raises.
+    """
+    m = TIGHT_MARGIN.get(scenario.name, 0.25) if margin is None else margin
+    if not (isinstance(m, int | float) and math.isfinite(m) and m >= 0):
+        raise CoralError(f"margin must be a finite number >= 0, got {margin!r}")
+    if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
+        raise CoralError(f"floor must be a whole number >= 0, got {floor!r}")
+    inputs = build_inputs(scenario, library, demand=demand, unbounded=True)
+    plan = allocate_inputs(inputs, method="coral", options=options)
+    if plan.status not in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT) or plan.alpha < 1 - _REL_TOL:
+        raise CoralError(f"scenario {scenario.name}: the abundant plan behind tight_availability ended "
+                         f"{plan.status.value} (alpha {plan.alpha:.3g}); {'; '.join(plan.notes)}")
+    used = {(n.region, n.config): n.count for n in plan.nodes}
+    return {key: math.ceil((1 + m) * used[key] - 1e-9) if key in used else floor for key in inputs.prices}
+
+
+def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
+                demand: Mapping[tuple[str, Phase | str], float] | None = None,
+                availability: Mapping[tuple[str, str], int] | None = None,
+                unbounded: bool = False) -> list[str]:
+    """Re-check a plan from scratch against the scenario and library (independent of the solver).
+
+    Checks: every instance's template is in the library with the same throughput, may run in its
+    region (model's regions, every config priced there) and carries that region's price; nodes
+    per (region, config) equal the instances' sum and fit the availability; the demand lines
+    carry the demand the allocation was given and the instances' capacity; capacity ≥ α·demand
+    per (model, phase); α equals the least served fraction; the cost equals Σ price × count.
+
+    Args:
+        plan: the plan.
+        scenario, library: what it was planned for.
+        demand, availability: the overrides `allocate` was given (same meaning).
+        unbounded: skip the availability check (plans made with unbounded availability).
+
+    Returns:
+        A list of problems, empty when the plan is valid.
+    """
+    problems: list[str] = []
+    inputs = build_inputs(scenario, library, demand=demand, availability=availability, unbounded=unbounded)
+    known = {(t.model, t.phase, t.nodes): t for g in inputs.templates.values() for t in g}
+    nodes: dict[tuple[str, str], int] = defaultdict(int)
+    cap: dict[tuple[str, Phase], float] = defaultdict(float)
+    cost = 0.0
+    for i in plan.instances:
+        t = i.template
+        tag = f"instance {i.region}/{t.key}"
+        lib_t = known.get((t.model, t.phase, t.nodes))
+        if lib_t is None:
+            problems.append(f"{tag}: template not in the library")
+        elif not math.isclose(lib_t.throughput_tok_per_s, t.throughput_tok_per_s, rel_tol=1e-9):
+            problems.append(f"{tag}: throughput {t.throughput_tok_per_s} != library {lib_t.throughput_tok_per_s}")
+        if t.model not in inputs.allowed_regions:
+            problems.append(f"{tag}: unknown model")
+        elif i.region not in inputs.allowed_regions[t.model]:
+            problems.append(f"{tag}: model may not run in {i.region}")
+        missing = [c for c in t.counts if (i.region, c) not in inputs.prices]
+        if missing:
+            problems.append(f"{tag}: {', '.join(missing)} not sold in {i.region}")
+            continue
+        price = sum(inputs.prices[(i.region, c)] * n for c, n in t.counts.items())
+        if not math.isclose(price, i.price_usd_per_h, rel_tol=1e-9, abs_tol=1e-9):
+            problems.append(f"{tag}: price {i.price_usd_per_h} != {price} from the region's prices")
+        for c, n in t.counts.items():
+            nodes[(i.region, c)] += n * i.count
+        cap[(t.model, t.phase)] += i.count * t.throughput_tok_per_s
+        cost += price * i.count
+    listed = {(n.region, n.config): n.count for n in plan.nodes if n.count}
+    if listed != dict(nodes):
+        problems.append(f"nodes {listed} != the instances' {dict(nodes)}")
+    if not unbounded:
+        for key, n in nodes.items():
+            a = inputs.availability.get(key)
+            if a is not None and n > a:
+                problems.append(f"{key[0]}/{key[1]}: {n} nodes > {a} available")
+    fractions = []
+    lines = {(d.model, d.phase): d for d in plan.demand}
+    for g in inputs.groups:
+        d = inputs.demand[g]
+        have = cap.get(g, 0.0)
+        line = lines.get(g)
+        if line is None:
+            problems.append(f"{g[0]}/{g[1].value}: no demand line")
+        else:
+            if not math.isclose(line.demand_tok_per_s, d, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{g[0]}/{g[1].value}: demand line {line.demand_tok_per_s} != {d}")
+            if not math.isclose(line.capacity_tok_per_s, have, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{g[0]}/{g[1].value}: capacity line {line.capacity_tok_per_s} != {have}")
+        if have < plan.alpha * d * (1 - _REL_TOL) - 1e-9:
+            problems.append(f"{g[0]}/{g[1].value}: capacity {have:.6g} < alpha {plan.alpha:.6g} x demand {d:.6g}")
+        fractions.append(1.0 if d <= 0 else min(1.0, have / d))
+    least = min(fractions, default=1.0)
+    if not math.isclose(least, plan.alpha, rel_tol=1e-9, abs_tol=1e-9):
+        problems.append(f"alpha {plan.alpha} != least served fraction {least}")
+    if not math.isclose(cost, plan.cost_usd_per_h, rel_tol=1e-9, abs_tol=1e-9):
+        problems.append(f"cost {plan.cost_usd_per_h} != {cost} recomputed from the instances")
+    if plan.status is Status.INFEASIBLE and plan.instances:
+        problems.append("an INFEASIBLE plan carries instances")
+    return problems

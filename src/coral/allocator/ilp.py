@@ -1,0 +1,296 @@
+"""The online allocation ILP (DESIGN §4): formulate as sparse matrices, solve through
+`coral.solver`, decode into a `Plan`; goodput mode when demand cannot be met."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from coral.allocator.inputs import AllocationInputs, Columns
+from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
+from coral.solver import MilpModel, SolveOptions, SolveResult, Status, solve
+
+Mode = Literal["cost", "goodput"]
+ALPHA_SLACK = 1e-6  # phase 2 of goodput mode keeps alpha >= alpha* - ALPHA_SLACK
+ALPHA_RESOLUTION = 1e-7  # CP-SAT grid step of the continuous alpha
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Formulation:
+    """A formulated allocation model and how to read its columns.
+
+    Columns `[0, n)` are `ν_j` (one per `Columns` column `j`), then one `δ` per running column
+    (`running[k]` is its `ν` index), then `α` in goodput mode.
+    """
+
+    model: MilpModel
+    mode: Mode
+    n: int
+    running: np.ndarray
+    alpha_col: int | None
+    penalty: np.ndarray  # `π_j` per ν column
+
+
+def prev_counts(inputs: AllocationInputs, cols: Columns,
+                prev: dict[tuple[str, str], int] | None) -> np.ndarray:
+    """`ν^prev_j` per column from {(region, template key): count} (unknown keys are ignored:
+    a running template that is no longer a candidate is simply shut down)."""
+    out = np.zeros(cols.num_cols)
+    if not prev or cols.num_cols == 0:
+        return out
+    t_of_key = {t.key: i for i, t in enumerate(cols.templates)}
+    r_of = {r: i for i, r in enumerate(inputs.regions)}
+    T = len(cols.templates)
+    code = cols.col_r * T + cols.col_t
+    order = np.argsort(code, kind="stable")
+    for (r, key), count in prev.items():
+        t, ri = t_of_key.get(key), r_of.get(r)
+        if t is None or ri is None or count <= 0:
+            continue
+        pos = np.searchsorted(code, ri * T + t, sorter=order)
+        if pos < code.shape[0] and code[order[pos]] == ri * T + t:
+            out[order[pos]] = count
+    return out
+
+
+def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, mode: Mode = "cost",
+              alpha: float = 1.0) -> Formulation:
+    """Build the allocation MILP.
+
+    Sets:
+        regions `r`, configurations `c`, groups `g = (m, φ)` with demand > 0, candidate columns
+        `j = (r, τ)` (`τ ∈ T(m, φ)`, every config of `τ` sold in `r`, `r` allowed for `m`,
+        at least one instance fits), running columns `J⁺ = {j : ν^prev_j > 0}`.
+    Parameters:
+        `p_j = p_r(τ)` $/h, `π_j = p_j · t_init / H` (H = 1 h), `Θ_j` tok/s, `U_c(τ)`,
+        `A_r(c)` nodes, `D_g` tok/s, `ν^prev_j`, `α` (given, cost mode).
+    Variables:
+        `ν_j ∈ Z, 0 ≤ ν_j ≤ min(⌊A_r(c)/U_c(τ)⌋, ⌈D_g/Θ_j⌉)` instances;
+        `δ_j ≥ 0` for `j ∈ J⁺` (newly started instances; for `j ∉ J⁺`, `δ_j = ν_j` at the
+        optimum, so it is folded into the cost of `ν_j`); goodput mode: `0 ≤ α ≤ 1`.
+    Objective:
+        cost mode: minimize `Σ_{j∉J⁺} (p_j + π_j)·ν_j + Σ_{j∈J⁺} (p_j·ν_j + π_j·δ_j)`;
+        goodput mode: maximize `α`.
+    Constraints:
+        (C1) availability: `Σ_{j in r} U_c(τ_j)·ν_j ≤ A_r(c)` for every (r, c) with finite A;
+        (C2) demand: `Σ_{j∈g} Θ_j·ν_j ≥ α·D_g` (cost mode, α given) or
+             `Σ_{j∈g} Θ_j·ν_j − D_g·α ≥ 0` (goodput mode) for every group g;
+        (C3) start-up: `ν_j − δ_j ≤ ν^prev_j` for `j ∈ J⁺` (cost mode only).
+
+    Args:
+        inputs: checked inputs (for the start-up time).
+        cols: candidate columns.
+        nu_prev: `ν^prev_j` per column.
+        mode: "cost" (minimize $/h at demand × alpha) or "goodput" (maximize alpha).
+        alpha: the demand fraction to meet in cost mode.
+
+    Returns:
+        The formulation; inputs are not modified.
+    """
+    n = cols.num_cols
+    G = len(cols.groups)
+    R, C = cols.avail.shape
+    theta = cols.throughput[cols.col_t]
+    grp = cols.group[cols.col_t]
+    penalty = cols.price * (inputs.init_s / inputs.horizon_s)
+    need = np.ceil(np.maximum(cols.demand[grp], 0.0) / theta - 1e-9)
+    ub = np.minimum(cols.ub, np.maximum(need, 0.0))
+
+    running = np.flatnonzero(nu_prev > 0) if mode == "cost" else np.zeros(0, dtype=np.int64)
+    k = running.shape[0]
+    use_alpha = mode == "goodput"
+    num = n + k + (1 if use_alpha else 0)
+
+    c = np.zeros(num)
+    if mode == "cost":
+        c[:n] = cols.price + penalty
+        c[running] = cols.price[running]
+        c[n:n + k] = penalty[running]
+    else:
+        c[n + k] = 1.0
+
+    row_parts, col_parts, val_parts, lo_parts, hi_parts = [], [], [], [], []
+    next_row = 0
+
+    # (C1) availability per (region, config) with a finite bound
+    use = cols.usage[cols.col_t]  # (n, C)
+    j_idx, c_idx = np.nonzero(use)
+    rc = cols.col_r[j_idx] * C + c_idx
+    finite = np.isfinite(cols.avail.reshape(-1))[rc]
+    j_idx, c_idx, rc = j_idx[finite], c_idx[finite], rc[finite]
+    rc_ids, rc_row = np.unique(rc, return_inverse=True)
+    row_parts.append(next_row + rc_row)
+    col_parts.append(j_idx)
+    val_parts.append(use[j_idx, c_idx].astype(float))
+    lo_parts.append(np.full(rc_ids.shape[0], -np.inf))
+    hi_parts.append(cols.avail.reshape(-1)[rc_ids])
+    next_row += rc_ids.shape[0]
+
+    # (C2) demand per group
+    row_parts.append(next_row + grp)
+    col_parts.append(np.arange(n))
+    val_parts.append(theta)
+    if use_alpha:
+        row_parts.append(next_row + np.arange(G))
+        col_parts.append(np.full(G, n + k))
+        val_parts.append(-cols.demand)
+        lo_parts.append(np.zeros(G))
+    else:
+        lo_parts.append(alpha * cols.demand)
+    hi_parts.append(np.full(G, np.inf))
+    next_row += G
+
+    # (C3) start-up of running templates: ν_j − δ_j ≤ ν^prev_j
+    if k:
+        row_parts += [next_row + np.arange(k), next_row + np.arange(k)]
+        col_parts += [running, n + np.arange(k)]
+        val_parts += [np.ones(k), -np.ones(k)]
+        lo_parts.append(np.full(k, -np.inf))
+        hi_parts.append(nu_prev[running].astype(float))
+        next_row += k
+
+    A = sp.csr_matrix((np.concatenate(val_parts), (np.concatenate(row_parts), np.concatenate(col_parts))),
+                      shape=(next_row, num))
+    col_lower = np.zeros(num)
+    col_upper = np.concatenate([ub, ub[running], [1.0] if use_alpha else []])
+    integrality = np.zeros(num, dtype=bool)
+    integrality[:n] = True
+    resolution = np.ones(num)  # δ is integral at the optimum; α gets a fine grid
+    if use_alpha:
+        resolution[n + k] = ALPHA_RESOLUTION
+    model = MilpModel(c=c, A=A, row_lower=np.concatenate(lo_parts), row_upper=np.concatenate(hi_parts),
+                      col_lower=col_lower, col_upper=col_upper, integrality=integrality,
+                      sense="max" if use_alpha else "min", resolution=resolution)
+    return Formulation(model=model, mode=mode, n=n, running=running, alpha_col=n + k if use_alpha else None,
+                       penalty=penalty)
+
+
+def decode_counts(form: Formulation, result: SolveResult) -> np.ndarray | None:
+    """`ν_j` rounded to integers, or None without an incumbent."""
+    if result.x is None:
+        return None
+    return np.rint(np.maximum(result.x[:form.n], 0.0)).astype(np.int64)
+
+
+def build_plan(inputs: AllocationInputs, cols: Columns, nu: np.ndarray, nu_prev: np.ndarray, *, method: str,
+               status: Status, solve_s: float, gap: float | None, objective: float | None = None,
+               goodput_mode: bool = False, notes: tuple[str, ...] = (), charge_init: bool = True) -> Plan:
+    """Turn instance counts per column into a `Plan` (nodes, instances, demand vs capacity, α).
+
+    `charge_init`: report the start-up penalty of instances beyond `ν^prev` (the ILP charges it;
+    the baselines report it too so costs compare, but never optimize it).
+    """
+    nz = np.flatnonzero(nu > 0)
+    R, C = cols.avail.shape
+    instances = tuple(Instance(region=inputs.regions[int(cols.col_r[j])], template=cols.templates[int(cols.col_t[j])],
+                               count=int(nu[j]), price_usd_per_h=float(cols.price[j])) for j in nz)
+    node_counts = np.zeros((R, C), dtype=np.int64)
+    np.add.at(node_counts, cols.col_r[nz], cols.usage[cols.col_t[nz]] * nu[nz, None])
+    nodes = []
+    for ri, ci in zip(*np.nonzero(node_counts), strict=True):
+        a = cols.avail[ri, ci]
+        nodes.append(NodeUse(region=inputs.regions[ri], config=inputs.configs[ci], count=int(node_counts[ri, ci]),
+                             available=None if math.isinf(a) else int(a)))
+    cap = np.zeros(len(cols.groups))
+    np.add.at(cap, cols.group[cols.col_t[nz]], cols.throughput[cols.col_t[nz]] * nu[nz])
+    cap_of = {g: float(cap[i]) for i, g in enumerate(cols.groups)}
+    demand = tuple(DemandLine(model=m, phase=ph, demand_tok_per_s=float(inputs.demand[(m, ph)]),
+                              capacity_tok_per_s=cap_of.get((m, ph), 0.0)) for m, ph in inputs.groups)
+    alpha = min((d.served_fraction for d in demand), default=1.0)
+    cost = float(np.dot(cols.price[nz], nu[nz]))
+    started = np.maximum(nu - np.rint(nu_prev).astype(np.int64), 0)
+    init = float(np.dot(cols.price, started)) * inputs.init_s / inputs.horizon_s if charge_init else 0.0
+    return Plan(method=method, status=status, instances=instances, nodes=tuple(nodes), demand=demand,
+                cost_usd_per_h=cost, alpha=alpha, solve_s=solve_s, gap=gap, objective=objective,
+                init_penalty_usd_per_h=init, goodput_mode=goodput_mode, notes=notes)
+
+
+def _gap(result: SolveResult) -> float | None:
+    return float(result.gap) if math.isfinite(result.gap) else None
+
+
+def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, options: SolveOptions,
+                     *, method: str = "coral") -> tuple[Plan | None, list[str]]:
+    """Cost ILP; when infeasible (or no incumbent), goodput mode: maximize α, then minimize cost
+    at α fixed (minus `ALPHA_SLACK`). The time limit covers all solves together.
+
+    Returns:
+        (plan, notes): plan None when no solve produced an incumbent (the caller falls back).
+    """
+    start = time.perf_counter()
+    notes: list[str] = []
+    solve_s = 0.0
+
+    def remaining() -> float:
+        return options.time_limit_s - (time.perf_counter() - start)
+
+    def run(form: Formulation) -> SolveResult:
+        nonlocal solve_s
+        opts = SolveOptions(backend=options.backend, time_limit_s=max(remaining(), 0.05), mip_gap=options.mip_gap,
+                            threads=options.threads, seed=options.seed, verbose=options.verbose)
+        res = solve(form.model, opts)
+        solve_s += res.wall_s
+        return res
+
+    covered = np.zeros(len(cols.groups), dtype=bool)
+    covered[cols.group[cols.col_t]] = True
+    if not covered.all():
+        # some demanded (model, phase) has no node left for any of its templates: the cost ILP is
+        # infeasible on its face (and an ILP without columns would look "empty" to a solver)
+        short = ", ".join(f"{m}/{ph.value}" for (m, ph), ok in zip(cols.groups, covered, strict=True) if not ok)
+        notes.append(f"no available nodes for any template of {short}: goodput mode (max alpha, then min cost)")
+    else:
+        form = formulate(inputs, cols, nu_prev, mode="cost")
+        res = run(form)
+        nu = decode_counts(form, res)
+        if nu is not None and res.status is not Status.INFEASIBLE:
+            return build_plan(inputs, cols, nu, nu_prev, method=method, status=res.status, solve_s=solve_s,
+                              gap=_gap(res), objective=res.objective), notes
+        if res.status is Status.INFEASIBLE:
+            notes.append("demand cannot be met with the available nodes: goodput mode (max alpha, then min cost)")
+        else:
+            notes.append(f"cost ILP ended {res.status.value} without a plan ({res.message}); trying goodput mode")
+
+    # goodput mode, phase 1: maximize α
+    g_form = formulate(inputs, cols, nu_prev, mode="goodput")
+    g_res = run(g_form)
+    g_nu = decode_counts(g_form, g_res)
+    if g_nu is None or g_form.alpha_col is None:
+        notes.append(f"goodput ILP ended {g_res.status.value} without a plan ({g_res.message})")
+        return None, notes
+    assert g_res.x is not None
+    alpha_star = float(min(max(g_res.x[g_form.alpha_col], 0.0), 1.0))
+    notes.append(f"max alpha = {alpha_star:.6g} ({g_res.status.value})")
+    fallback = build_plan(inputs, cols, g_nu, nu_prev, method=method,
+                          status=Status.TIME_LIMIT if g_res.status is Status.TIME_LIMIT else Status.FEASIBLE,
+                          solve_s=solve_s, gap=None, goodput_mode=True)
+    if remaining() <= 0.05:
+        notes.append("no time left to minimize cost at alpha*; plan is the max-alpha solution")
+        return _with(fallback, status=Status.TIME_LIMIT, notes=notes), notes
+
+    # goodput mode, phase 2: minimize cost with α ≥ α* − slack
+    c_form = formulate(inputs, cols, nu_prev, mode="cost", alpha=max(alpha_star - ALPHA_SLACK, 0.0))
+    c_res = run(c_form)
+    c_nu = decode_counts(c_form, c_res)
+    if c_nu is None:
+        notes.append(f"cost at alpha* ended {c_res.status.value} without a plan; plan is the max-alpha solution")
+        return _with(fallback, status=c_res.status if c_res.status is not Status.INFEASIBLE else Status.ERROR,
+                     notes=notes, solve_s=solve_s), notes
+    status = c_res.status
+    if g_res.status is not Status.OPTIMAL and status is Status.OPTIMAL:
+        status = g_res.status  # alpha* itself was not proved optimal
+    plan = build_plan(inputs, cols, c_nu, nu_prev, method=method, status=status, solve_s=solve_s,
+                      gap=_gap(c_res), objective=c_res.objective, goodput_mode=True, notes=tuple(notes))
+    return plan, notes
+
+
+def _with(plan: Plan, **changes: object) -> Plan:
+    from dataclasses import replace
+
+    if "notes" in changes:
+        changes["notes"] = tuple(changes["notes"])  # type: ignore[arg-type]
+    return replace(plan, **changes)  # type: ignore[arg-type]

@@ -1,0 +1,189 @@
+"""The allocator's output: a `Plan` (nodes to rent per region, serving instances, demand vs capacity)."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from coral.perf.model import Phase
+from coral.solver import Status
+from coral.templates.template import Template
+
+# A plan's status is the solver's (`coral.solver.Status`): OPTIMAL (proved within the MIP gap),
+# FEASIBLE (a valid plan without proof: the greedy baselines, or a solver stop), TIME_LIMIT (the
+# best plan found in time), INFEASIBLE (no plan; `notes` says why), ERROR (the solver failed;
+# the plan is a fallback, see `notes`).
+PlanStatus = Status
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instance:
+    """`count` serving instances of one template in one region."""
+
+    region: str
+    template: Template
+    count: int
+    price_usd_per_h: float  # one instance: `p_r(τ)`
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"Instance.count must be >= 1, got {self.count}")
+        if not (math.isfinite(self.price_usd_per_h) and self.price_usd_per_h >= 0):
+            raise ValueError(f"Instance.price_usd_per_h must be finite and >= 0, got {self.price_usd_per_h}")
+
+    @property
+    def model(self) -> str:
+        return self.template.model
+
+    @property
+    def phase(self) -> Phase:
+        return self.template.phase
+
+    @property
+    def throughput_tok_per_s(self) -> float:
+        """One instance's throughput `Θ(τ)`."""
+        return self.template.throughput_tok_per_s
+
+    @property
+    def capacity_tok_per_s(self) -> float:
+        return self.count * self.template.throughput_tok_per_s
+
+    @property
+    def cost_usd_per_h(self) -> float:
+        return self.count * self.price_usd_per_h
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeUse:
+    """Nodes of one configuration rented in one region, and how many were available."""
+
+    region: str
+    config: str
+    count: int
+    available: int | None  # None: unbounded
+
+    def __post_init__(self) -> None:
+        if self.count < 0:
+            raise ValueError(f"NodeUse.count must be >= 0, got {self.count}")
+
+    @property
+    def binding(self) -> bool:
+        """Every available node is used (the resource limits the plan)."""
+        return self.available is not None and self.available > 0 and self.count >= self.available
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DemandLine:
+    """Demand and planned capacity of one (model, phase)."""
+
+    model: str
+    phase: Phase
+    demand_tok_per_s: float
+    capacity_tok_per_s: float
+
+    @property
+    def served_fraction(self) -> float:
+        """Capacity / demand, capped at 1 (1 where there is no demand)."""
+        if self.demand_tok_per_s <= 0:
+            return 1.0
+        return min(1.0, self.capacity_tok_per_s / self.demand_tok_per_s)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A resource plan: per region the nodes to rent, grouped into serving instances.
+
+    `cost_usd_per_h` is the rental cost `Σ p_r(τ)·ν_{r,τ}`; `init_penalty_usd_per_h` the
+    amortized start-up penalty of newly started instances the ILP charged on top (0 for the
+    baselines); `objective` what the solver minimized (their sum, for `coral`). `alpha` is the
+    uniform fraction of every (model, phase) demand the plan serves (1 unless goodput mode or a
+    baseline ran out of nodes). `gap` is the proven relative MIP gap (None for the heuristics).
+    """
+
+    method: str
+    status: PlanStatus
+    instances: tuple[Instance, ...]
+    nodes: tuple[NodeUse, ...]
+    demand: tuple[DemandLine, ...]
+    cost_usd_per_h: float
+    alpha: float
+    solve_s: float
+    gap: float | None = None
+    objective: float | None = None
+    init_penalty_usd_per_h: float = 0.0
+    goodput_mode: bool = False
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0 + 1e-9:
+            raise ValueError(f"Plan.alpha must be in [0, 1], got {self.alpha}")
+        if not (math.isfinite(self.cost_usd_per_h) and self.cost_usd_per_h >= 0):
+            raise ValueError(f"Plan.cost_usd_per_h must be finite and >= 0, got {self.cost_usd_per_h}")
+        if self.solve_s < 0:
+            raise ValueError(f"Plan.solve_s must be >= 0, got {self.solve_s}")
+        if self.gap is not None and not self.gap >= 0:
+            raise ValueError(f"Plan.gap must be >= 0 or None, got {self.gap}")
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def binding(self) -> tuple[tuple[str, str], ...]:
+        """(region, config) pairs used up to their availability."""
+        return tuple((n.region, n.config) for n in self.nodes if n.binding)
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        """`ν_{r,τ}` keyed by (region, template key): what the next epoch passes as `prev`."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for i in self.instances:
+            out[(i.region, i.template.key)] += i.count
+        return dict(out)
+
+    def cost_by_model_phase(self) -> dict[tuple[str, Phase], float]:
+        out: dict[tuple[str, Phase], float] = defaultdict(float)
+        for i in self.instances:
+            out[(i.model, i.phase)] += i.cost_usd_per_h
+        return dict(out)
+
+    def nodes_by_region(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for n in self.nodes:
+            if n.count:
+                out.setdefault(n.region, {})[n.config] = n.count
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (plain str / int / float / list / dict / None)."""
+        return {
+            "method": self.method,
+            "status": self.status.value,
+            "cost_usd_per_h": self.cost_usd_per_h,
+            "init_penalty_usd_per_h": self.init_penalty_usd_per_h,
+            "objective": self.objective,
+            "alpha": self.alpha,
+            "goodput_mode": self.goodput_mode,
+            "solve_s": self.solve_s,
+            "gap": self.gap,
+            "binding": [{"region": r, "config": c} for r, c in self.binding],
+            "notes": list(self.notes),
+            "instances": [
+                {
+                    "model": i.model,
+                    "phase": i.phase.value,
+                    "region": i.region,
+                    "nodes": list(i.template.nodes),
+                    "count": i.count,
+                    "throughput_tok_per_s": i.throughput_tok_per_s,
+                    "price_usd_per_h": i.price_usd_per_h,
+                    "stages": [{"nodes": list(s.nodes), "layers": s.layers}
+                               for s in i.template.placement.stages],
+                }
+                for i in self.instances
+            ],
+            "demand": [
+                {"model": d.model, "phase": d.phase.value, "demand_tok_per_s": d.demand_tok_per_s,
+                 "capacity_tok_per_s": d.capacity_tok_per_s}
+                for d in self.demand
+            ],
+            "nodes": [{"region": n.region, "config": n.config, "count": n.count, "available": n.available}
+                      for n in self.nodes],
+        }

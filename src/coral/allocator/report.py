@@ -1,0 +1,62 @@
+"""Render a `Plan` as rich tables (nodes per region, instances, demand vs capacity, cost)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from coral.allocator.plan import Plan
+
+
+def _fmt(x: float | None, spec: str = ".4g") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def plan_tables(plan: Plan) -> list[Table]:
+    """The plan as four tables: summary, nodes per region, instances, demand vs capacity and cost
+    by (model, phase). No I/O; the caller prints them."""
+    summary = Table(title=f"Plan ({plan.method})", show_header=False)
+    summary.add_column("field")
+    summary.add_column("value", justify="right")
+    summary.add_row("status", plan.status.value)
+    summary.add_row("cost $/h", f"{plan.cost_usd_per_h:.2f}")
+    if plan.init_penalty_usd_per_h:
+        summary.add_row("start-up penalty $/h", f"{plan.init_penalty_usd_per_h:.2f}")
+    summary.add_row("alpha (served fraction)", f"{plan.alpha:.4f}" + (" (goodput mode)" if plan.goodput_mode else ""))
+    summary.add_row("solve time s", f"{plan.solve_s:.3f}")
+    summary.add_row("MIP gap", _fmt(plan.gap, ".2e"))
+    for note in plan.notes:
+        summary.add_row("note", note)
+
+    nodes = Table(title="Nodes per region")
+    for col, just in (("region", "left"), ("config", "left"), ("nodes", "right"), ("available", "right"),
+                      ("binding", "center")):
+        nodes.add_column(col, justify=just)  # type: ignore[arg-type]
+    for n in sorted(plan.nodes, key=lambda n: (n.region, n.config)):
+        nodes.add_row(n.region, n.config, str(n.count), "∞" if n.available is None else str(n.available),
+                      "yes" if n.binding else "")
+
+    inst = Table(title="Serving instances")
+    for col, just in (("model", "left"), ("phase", "left"), ("region", "left"), ("nodes", "left"),
+                      ("stages (layers)", "left"), ("count", "right"), ("tok/s each", "right"),
+                      ("$/h each", "right")):
+        inst.add_column(col, justify=just)  # type: ignore[arg-type]
+    for i in sorted(plan.instances, key=lambda i: (i.model, i.phase.value, i.region, i.template.nodes)):
+        stages = " | ".join(f"{'+'.join(s.nodes)}:{s.layers}" for s in i.template.placement.stages)
+        inst.add_row(i.model, i.phase.value, i.region, "+".join(i.template.nodes), stages, str(i.count),
+                     f"{i.throughput_tok_per_s:,.0f}", f"{i.price_usd_per_h:.2f}")
+
+    dem = Table(title="Demand vs capacity")
+    for col in ("model", "phase", "demand tok/s", "capacity tok/s", "served", "$/h"):
+        dem.add_column(col, justify="left" if col in ("model", "phase") else "right")
+    cost = plan.cost_by_model_phase()
+    for d in plan.demand:
+        dem.add_row(d.model, d.phase.value, f"{d.demand_tok_per_s:,.0f}", f"{d.capacity_tok_per_s:,.0f}",
+                    f"{d.served_fraction:.1%}", f"{cost.get((d.model, d.phase), 0.0):.2f}")
+    return [summary, nodes, inst, dem]
+
+
+def render_plan(plan: Plan, console: Console | None = None) -> None:
+    """Print the plan's tables to `console` (default: a new stdout console)."""
+    console = console or Console()
+    for table in plan_tables(plan):
+        console.print(table)
