@@ -567,6 +567,154 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
     console.print(t)
 
 
+# --- plan / simulate ----------------------------------------------------------------------------
+
+_scenario_opt = click.option("--scenario", "scenario_name", required=True, help="Built-in scenario name or YAML path.")
+_method_opt = click.option("--method", type=click.Choice(["coral", "homo", "cauchy", "template-greedy"]), default="coral",
+                           show_default=True, help="Allocation method (the baselines use the same templates and catalog).")
+_avail_opt = click.option("--availability", type=click.Choice(["abundant", "tight"]), default="abundant", show_default=True,
+                          help="abundant: the scenario's availability; tight: 25 %% (core) / 75 %% (extended) above the minimum.")
+_scale_opt = click.option("--demand-scale", type=float, default=1.0, show_default=True, help="Multiply every model's rate.")
+_jobs_opt = click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Processes for a library build.")
+_cache_opt = click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Template cache folder.")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write a file via a temporary name in the same folder, so nothing is half-written."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
+                           cache_dir: str | None, quiet: bool) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from coral.experiments.pipeline import prepare, scaled_scenario
+
+    scenario = scaled_scenario(scenario_name, demand_scale)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("multisets"),
+                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet, transient=True) as bar:
+        tasks: dict[Any, Any] = {}
+
+        def step(spec: Any, done: int, total: int) -> None:
+            key = (spec.model.name, spec.phase)
+            if key not in tasks:
+                tasks[key] = bar.add_task(f"templates {spec.model.name} {spec.phase.value}", total=total)
+            bar.update(tasks[key], completed=done)
+
+        return prepare(scenario, availability=availability, jobs=jobs,
+                       cache_dir=Path(cache_dir) if cache_dir else None, step=step)
+
+
+@main.command("plan")
+@_scenario_opt
+@_method_opt
+@_avail_opt
+@_scale_opt
+@_jobs_opt
+@_cache_opt
+@click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True)
+@click.option("--gap", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative MIP gap.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the plan as JSON here.")
+@_json_opt
+def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
+             time_limit_s: float, gap: float, out: str | None, as_json: bool) -> None:
+    """Which nodes to rent where, and how to split each model across them (DESIGN §4)."""
+    from coral.allocator import render_plan
+    from coral.experiments.pipeline import plan
+    from coral.solver import SolveOptions
+
+    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json)
+    result = plan(setup, method, options=SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap))
+    data = {"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
+            **result.to_json()}
+    if out:
+        _write_atomic(Path(out), json.dumps(data, indent=2, default=str))
+    if as_json:
+        return _emit_json(data)
+    render_plan(result, console)
+    if out:
+        console.print(f"plan written to {out}")
+
+
+@main.command("simulate")
+@_scenario_opt
+@_method_opt
+@_avail_opt
+@_scale_opt
+@click.option("--duration-s", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True)
+@click.option("--epoch-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Re-planning period (default: the scenario's, 360 s).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Copy of shared/data holding the traces (default: $CORAL_DATA_DIR or ../shared/data).")
+@_jobs_opt
+@_cache_opt
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write summary.json, requests.csv and plots here.")
+@_json_opt
+def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, duration_s: float,
+                 epoch_s: float | None, seed: int, data_dir: str | None, jobs: int, cache_dir: str | None,
+                 out: str | None, as_json: bool) -> None:
+    """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
+    re-planning every epoch."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coral.experiments.pipeline import run_simulation
+
+    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json)
+    t0 = time.perf_counter()
+    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+                  TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task("sim", total=duration_s)
+        run = run_simulation(setup, method, duration_s=duration_s, epoch_s=epoch_s, seed=seed, data_dir=data_dir,
+                             progress=lambda now, total: bar.update(task, completed=now))
+    summary = run.result.summary()
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["method"] = method
+    summary["availability"] = availability
+    summary["solve_s"] = [p.solve_s for p in run.plans]
+    if out:
+        run.result.write(Path(out))
+        _write_atomic(Path(out) / "plans.json", json.dumps([p.to_json() for p in run.plans], indent=2, default=str))
+    if as_json:
+        return _emit_json(summary)
+    t = Table(title=f"{setup.scenario.name} / {method} / {availability}: {duration_s:g} s simulated in {summary['wall_s']:.1f} s")
+    for col in ("model", "requests", "TTFT p50 / p99 s", "TPOT p50 / p99 ms", "SLO attainment", "goodput tok/s", "$/h"):
+        t.add_column(col)
+    for name, m in summary["per_model"].items():
+        pre, dec = m["prefill"], m["decode"]
+        t.add_row(name, str(m.get("requests", {}).get("arrived", "")),
+                  f"{pre['ttft_s'].get('p50', float('nan')):.2f} / {pre['ttft_s'].get('p99', float('nan')):.2f}",
+                  f"{dec['tpot_s'].get('p50', float('nan')) * 1e3:.0f} / {dec['tpot_s'].get('p99', float('nan')) * 1e3:.0f}",
+                  f"{m.get('slo_attainment', float('nan')):.1%}", f"{m.get('goodput_tok_per_s', float('nan')):,.0f}",
+                  f"{pre['cost_usd_per_h'] + dec['cost_usd_per_h']:.2f}")
+    console.print(t)
+    r = summary["requests"]
+    console.print(f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['failed']} failed, {r['in_flight']} in flight; "
+                  f"cost {summary['cost_usd_per_h']:.2f} $/h, goodput {summary['goodput_tok_per_s']:,.0f} tok/s, "
+                  f"SLO attainment {summary['slo_attainment']:.1%}")
+    if out:
+        console.print(f"results written to {out}")
+
+
 # --- demo ------------------------------------------------------------------------------------------
 
 @main.command("demo")

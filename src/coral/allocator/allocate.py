@@ -12,7 +12,7 @@ import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
 from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
-from coral.allocator.inputs import AllocationInputs, build_columns, build_inputs
+from coral.allocator.inputs import AllocationInputs, Columns, build_columns, build_inputs
 from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
@@ -100,6 +100,9 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
             return build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.OPTIMAL,
                               solve_s=time.perf_counter() - start, gap=0.0, objective=0.0,
                               notes=("no demand",))
+        fast = _frontier_plan(inputs, cols, nu_prev, options, method=method)
+        if fast is not None:
+            return replace(fast, solve_s=time.perf_counter() - start)
         plan, notes = solve_allocation(inputs, cols, nu_prev, options, method=method)
         if plan is not None:
             return plan
@@ -116,6 +119,63 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     if short:
         plan = replace(plan, notes=("ran out of nodes; served fraction: " + ", ".join(short),))
     return plan
+
+
+def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray) -> np.ndarray:
+    """Columns on the cost/throughput frontier of their (model, phase), plus the running ones.
+
+    Without availability limits a column `j` is never needed when another column `k` of the same
+    (model, phase) has `Θ_k ≥ Θ_j` and `p_k + π_k ≤ p_j + π_j` (an instance of `j` can always be
+    swapped for one of `k`); `p + π` bounds any column's marginal cost, running or not. Returns a
+    boolean mask over columns.
+    """
+    theta = cols.throughput[cols.col_t]
+    grp = cols.group[cols.col_t]
+    cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
+    keep = nu_prev > 0
+    order = np.lexsort((-theta, cost, grp))  # by group, then cost ascending, then throughput descending
+    g_sorted, t_sorted = grp[order], theta[order]
+    for gi in np.unique(g_sorted):
+        sel = np.flatnonzero(g_sorted == gi)
+        ts = t_sorted[sel]
+        prior = np.concatenate([[-np.inf], np.maximum.accumulate(ts)[:-1]])
+        keep[order[sel[ts > prior]]] = True
+    return keep
+
+
+def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, options: SolveOptions, *,
+                   method: str) -> Plan | None:
+    """Fast path: solve without availability limits on the frontier columns; when that plan
+    happens to respect availability it is optimal for the full problem (the full feasible set is
+    a subset of the relaxed one, and the frontier loses nothing without limits). Otherwise None.
+    """
+    keep = frontier_columns(inputs, cols, nu_prev)
+    idx = np.flatnonzero(keep)
+    if idx.size == cols.num_cols:
+        return None  # nothing to gain
+    unbounded = np.where(cols.sold, np.inf, 0.0)
+    sub = replace(cols, col_t=cols.col_t[idx], col_r=cols.col_r[idx], price=cols.price[idx],
+                  ub=np.full(idx.size, np.inf), avail=unbounded)
+    plan, notes = solve_allocation(inputs, sub, nu_prev[idx], options, method=method)
+    if plan is None or plan.goodput_mode or plan.status is not Status.OPTIMAL:
+        return None
+    nu = np.zeros(cols.num_cols, dtype=np.int64)
+    nu[idx] = _sub_counts(inputs, plan, sub)
+    used = np.zeros_like(cols.avail)
+    np.add.at(used, cols.col_r, cols.usage[cols.col_t] * nu[:, None])
+    if np.any(used > cols.avail + 1e-9):
+        return None  # availability binds: the full ILP decides
+    return build_plan(inputs, cols, nu, nu_prev, method=method, status=plan.status, solve_s=plan.solve_s,
+                      gap=plan.gap, objective=plan.objective,
+                      notes=(*notes, f"solved on {idx.size} of {cols.num_cols} columns (cost/throughput frontier); "
+                             "availability does not bind, so the plan is optimal for all columns"))
+
+
+def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> list[int]:
+    """Instances per sub-column, read back from the plan's instances."""
+    want = {(i.region, i.template.key): i.count for i in plan.instances}
+    return [want.get((inputs.regions[int(sub.col_r[j])], sub.templates[int(sub.col_t[j])].key), 0)
+            for j in range(sub.num_cols)]
 
 
 def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: float | None = None,

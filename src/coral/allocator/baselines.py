@@ -35,31 +35,52 @@ def _take(cols: Columns, j: int, k: int, rem: np.ndarray, nu: np.ndarray) -> Non
     nu[j] += k
 
 
+def _fits_all(cols: Columns, cand: np.ndarray, rem: np.ndarray) -> np.ndarray:
+    """Most instances of each candidate column the remaining availability allows."""
+    u = cols.usage[cols.col_t[cand]]  # [n, configs]
+    r = rem[cols.col_r[cand]]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(u > 0, r / np.where(u > 0, u, 1), np.inf)
+    return np.floor(ratio.min(axis=1))
+
+
 def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     """`homo` / `template-greedy`: per (model, phase) in the scenario's order, in isolation,
-    provision the column (region, template) with the most throughput per $ until the demand is
-    met; when its nodes run out take the next one. Availability is shared in that order.
+    repeatedly provision the column (region, template) with the most *useful* throughput per $,
+    `min(Θ, remaining demand) / price`, until the demand is met; columns whose nodes ran out are
+    skipped. Availability is shared in that order.
+
+    While the remaining demand exceeds every column's throughput this is "most throughput per $
+    first" (the paper's rule); near the end it prefers a smaller replica over a large one that
+    would mostly idle, which keeps the baselines from over-provisioning by a whole big template.
 
     Returns:
         instances per column (a new array; `cols` is not modified).
     """
     rem = cols.avail.copy()
     nu = np.zeros(cols.num_cols, dtype=np.int64)
-    eff = _efficiency(cols)
     theta = cols.throughput[cols.col_t]
     grp = cols.group[cols.col_t]
     for gi in range(len(cols.groups)):
         need = float(cols.demand[gi])
         cand = np.flatnonzero(grp == gi)
-        # most throughput per $ first; ties: more throughput, then region / template order
-        cand = cand[np.lexsort((cols.col_t[cand], cols.col_r[cand], -theta[cand], -eff[cand]))]
-        for j in cand:
-            if need <= _TOL * cols.demand[gi]:
-                break
-            k = min(math.ceil(need / theta[j] - _TOL), _fits(cols, int(j), rem))
-            if k >= 1:
-                _take(cols, int(j), int(k), rem, nu)
-                need -= k * theta[j]
+        # a fixed order for ties: more throughput, then region / template order
+        cand = cand[np.lexsort((cols.col_t[cand], cols.col_r[cand], -theta[cand]))]
+        while need > _TOL * cols.demand[gi] and cand.size:
+            fits = _fits_all(cols, cand, rem)
+            cand = cand[fits >= 1]
+            fits = fits[fits >= 1]
+            if cand.size == 0:
+                break  # out of nodes: this (model, phase) stays short
+            useful = np.minimum(theta[cand], need)
+            price = cols.price[cand]
+            with np.errstate(divide="ignore"):
+                score = np.where(price > 0, useful / np.where(price > 0, price, 1.0), np.inf)
+            i = int(np.argmax(score))
+            j = int(cand[i])
+            k = int(min(max(1, math.floor(need / theta[j] + _TOL)), fits[i]))
+            _take(cols, j, k, rem, nu)
+            need -= k * theta[j]
     return nu
 
 

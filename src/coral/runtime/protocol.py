@@ -21,10 +21,13 @@ import msgpack
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "BatchItem",
+    "Cancel",
     "DecodeAdmit",
+    "Drain",
     "EngineHello",
     "ForwardBatch",
     "ForwardResult",
+    "Heartbeat",
     "InstanceHello",
     "KvLoaded",
     "KvPush",
@@ -286,6 +289,8 @@ class TokenOut:
     finished: bool
     finish_reason: str = ""  # "stop" | "length" | "error"
     error: str = ""
+    #: the instance failed under the request (not the request's fault): the coordinator may retry it elsewhere
+    retryable: bool = False
 
 
 @_message
@@ -299,6 +304,41 @@ class InstanceHello:
     region: str
     throughput_tok_per_s: float
     address: str
+
+
+@_message
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """Liveness, every ``heartbeat_s``: engine <-> scheduler, scheduler <-> coordinator.
+
+    A scheduler's heartbeat to the coordinator carries its :class:`InstanceHello` (so a
+    restarted coordinator rebuilds its registry from them), its lifecycle ``state``
+    (``starting``, ``active``, ``draining`` or ``failed``) and the requests it holds.
+    """
+
+    sender: str  # the sender's inbox address
+    role: str  # "engine" | "scheduler" | "coordinator"
+    instance_id: str = ""
+    state: str = ""
+    in_flight: int = 0
+    hello: InstanceHello | None = None
+    reason: str = ""  # why a scheduler reports "failed"
+
+
+@_message
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drain:
+    """Coordinator -> scheduler: take no new request; finish the ones held (then expect :class:`Shutdown`)."""
+
+    reason: str = ""
+
+
+@_message
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel:
+    """Coordinator -> scheduler: drop these requests (retried elsewhere, or the client left); no reply."""
+
+    request_ids: tuple[str, ...]
 
 
 @_message
@@ -321,6 +361,9 @@ Message = (
     | DecodeAdmit
     | TokenOut
     | InstanceHello
+    | Heartbeat
+    | Drain
+    | Cancel
     | Shutdown
 )
 _TOP_LEVEL: tuple[type, ...] = typing.get_args(Message)

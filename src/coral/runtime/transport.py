@@ -7,6 +7,12 @@ exercise the same wire format as the ZeroMQ one (PUSH/PULL over tcp on 127.0.0.1
 
 Malformed or oversized messages are logged and dropped by :meth:`Transport.recv`; they
 never raise into the receiving loop.
+
+Security: with :class:`CurveKeys` every ZeroMQ socket uses CurveZMQ (encryption and
+authentication). All processes of a cluster share one keypair made by ``coral keys``; the
+inbox accepts a peer only if the peer proves it holds that keypair's secret key (a ZAP
+handler checks the client's public key), so a process without the key can neither read
+nor send control messages.
 """
 
 from __future__ import annotations
@@ -16,13 +22,105 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from coral.errors import CoralError
 from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, decode, encode
 
-__all__ = ["InprocHub", "InprocTransport", "Transport", "ZmqTransport"]
+__all__ = ["CurveKeys", "InprocHub", "InprocTransport", "Transport", "ZmqTransport", "generate_keys"]
 
 log = logging.getLogger(__name__)
+
+#: File names written by :func:`generate_keys` (ZeroMQ certificate format).
+PUBLIC_KEY_FILE = "cluster.key"
+SECRET_KEY_FILE = "cluster.key_secret"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CurveKeys:
+    """The cluster's CurveZMQ keypair (Z85 text, 40 characters each)."""
+
+    public: bytes
+    secret: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.public) != 40 or len(self.secret) != 40:
+            raise ValueError("Curve keys must be 40-character Z85 strings")
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"CurveKeys(public={self.public.decode()!r})"
+
+    @staticmethod
+    def load(folder: str | Path) -> CurveKeys:
+        """Read the keypair written by :func:`generate_keys` from ``folder``.
+
+        Raises:
+            CoralError: if the files are missing or not ZeroMQ certificates.
+        """
+        import zmq.auth
+
+        path = Path(folder) / SECRET_KEY_FILE
+        if not path.is_file():
+            raise CoralError(f"no Curve secret key at {path}; create one with `coral keys --dir {folder}`")
+        try:
+            public, secret = zmq.auth.load_certificate(str(path))
+        except Exception as e:  # malformed certificate file
+            raise CoralError(f"{path}: not a ZeroMQ certificate: {e}") from None
+        if not secret:
+            raise CoralError(f"{path} holds no secret key")
+        return CurveKeys(public=public, secret=secret)
+
+
+def generate_keys(folder: str | Path) -> tuple[Path, Path]:
+    """Create the cluster's keypair in ``folder`` (created with mode 0700; the secret file 0600).
+
+    Args:
+        folder: where to write ``cluster.key`` and ``cluster.key_secret``.
+
+    Returns:
+        (public key file, secret key file).
+
+    Raises:
+        CoralError: if a keypair already exists there (never overwritten).
+    """
+    import zmq.auth
+
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if (d / SECRET_KEY_FILE).exists() or (d / PUBLIC_KEY_FILE).exists():
+        raise CoralError(f"{d} already holds a Curve keypair; delete it first to make a new one")
+    public, secret = zmq.auth.create_certificates(str(d), "cluster")
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)
+
+
+class _ClusterKeyOnly:
+    """ZAP credentials check: a client is admitted only with the cluster's public key."""
+
+    def __init__(self, public: bytes) -> None:
+        self.public = public
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return key == self.public
+
+
+_AUTH: dict[int, Any] = {}  # one ZAP authenticator per (process, context)
+_AUTH_LOCK = threading.Lock()
+
+
+def _authenticator(ctx: Any, keys: CurveKeys) -> None:
+    """Start (once per context) the ZAP handler that admits only peers holding ``keys``."""
+    import zmq.auth.thread
+
+    with _AUTH_LOCK:
+        if id(ctx) in _AUTH:
+            return
+        auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=logging.getLogger("coral.runtime.zap"))
+        auth.start()
+        auth.configure_curve_callback(domain="*", credentials_provider=_ClusterKeyOnly(keys.public))
+        _AUTH[id(ctx)] = auth
 
 
 class Transport(ABC):
@@ -147,6 +245,7 @@ class ZmqTransport(Transport):
         port: int = 0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         send_hwm: int = 10_000,
+        curve: CurveKeys | None = None,
     ) -> None:
         """Bind the inbox.
 
@@ -156,6 +255,7 @@ class ZmqTransport(Transport):
             max_message_bytes: larger messages are rejected (ZeroMQ drops them at the
                 socket, above twice this; the decoder below it).
             send_hwm: messages queued per peer before ``send`` drops and logs.
+            curve: the cluster keypair; None = plain tcp (a trusted loopback only).
         """
         import zmq
 
@@ -163,8 +263,14 @@ class ZmqTransport(Transport):
         self.ctx = zmq.Context.instance()
         self.max_message_bytes = max_message_bytes
         self._send_hwm = send_hwm
+        self.curve = curve
         self._pull = self.ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            _authenticator(self.ctx, curve)
+            self._pull.curve_secretkey = curve.secret
+            self._pull.curve_publickey = curve.public
+            self._pull.curve_server = True
         self._pull.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
         if port == 0:
             port = self._pull.bind_to_random_port(f"tcp://{host}")
@@ -188,6 +294,10 @@ class ZmqTransport(Transport):
                 sock = self.ctx.socket(zmq.PUSH)
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, self._send_hwm)
+                if self.curve is not None:
+                    sock.curve_secretkey = self.curve.secret
+                    sock.curve_publickey = self.curve.public
+                    sock.curve_serverkey = self.curve.public
                 sock.connect(address)
                 self._push[address] = sock
             try:
@@ -207,3 +317,10 @@ class ZmqTransport(Transport):
                 s.close(0)
             self._push.clear()
         self._pull.close(0)
+
+    def forget(self, address: str) -> None:
+        """Close the PUSH socket to a peer that is gone (its queued messages are dropped)."""
+        with self._lock:
+            sock = self._push.pop(address, None)
+        if sock is not None:
+            sock.close(0)

@@ -17,7 +17,8 @@ from coral.errors import CoralError, unknown
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
-from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile, WorkloadEntry
+from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile
+from coral.workload import WorkloadSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +32,7 @@ class ServedModel:
     rate_per_s: float
     prompt_tokens_mean: float
     output_tokens_mean: float
-    workload: WorkloadEntry
+    workload: WorkloadSpec
     regions: tuple[str, ...] | None = None
 
     def slo_ms(self, phase: Phase) -> float:
@@ -58,6 +59,7 @@ class Scenario:
     planner: PlannerEntry
     catalog: Catalog = field(repr=False)
     source: ScenarioFile = field(repr=False)
+    base_dir: Path | None = None  # relative paths in the scenario file (CSV traces) resolve here
 
     def model(self, name: str) -> ServedModel:
         for m in self.models:
@@ -194,7 +196,7 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
             availability[(region.name, cfg.name)] = region.availability.get(cfg.name, file.default_availability)
     models = []
     for entry in file.models:
-        p_mean, d_mean = entry.workload.means
+        p_mean, d_mean = entry.workload.mean_lengths_tok(base_dir=base)
         if entry.regions:
             for r in entry.regions:
                 if r not in regions:
@@ -205,7 +207,8 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
             workload=entry.workload, regions=tuple(entry.regions) if entry.regions else None))
     return Scenario(name=file.name, description=file.description, models=tuple(models), configs=configs,
                     regions=regions, prices=prices, availability=availability,
-                    perf=_perf_model(file, catalog, base), planner=file.planner, catalog=catalog, source=file)
+                    perf=_perf_model(file, catalog, base), planner=file.planner, catalog=catalog, source=file,
+                    base_dir=base)
 
 
 def load_scenario(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:

@@ -10,47 +10,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from coral.workload import WorkloadSpec
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# Mean request lengths of the built-in datasets (prompt, output tokens), measured on the
-# public traces in shared/data: Azure 2023 code and conversation (complete), BurstGPT's first
-# 400 rows without failed or empty requests. A scenario may override both.
-DATASET_MEANS: dict[str, tuple[float, float]] = {
-    "azure-code": (2047.8, 27.9),
-    "azure-conv": (1154.7, 211.1),
-    "burstgpt": (543.6, 288.8),
-}
-
-
-class WorkloadEntry(_Strict):
-    """One model's traffic."""
-
-    rate_per_s: float = Field(gt=0, allow_inf_nan=False, description="Mean arrival rate in requests per second.")
-    dataset: str = Field("azure-conv", description=(
-        "Where request lengths and arrival times come from: 'azure-code', 'azure-conv', 'burstgpt', "
-        "'synthetic', 'synthetic-azure-code', 'synthetic-azure-conv', or a path to a CSV trace."))
-    arrival: Literal["trace", "poisson", "gamma"] = Field("trace", description=(
-        "Arrival process: replay the trace's (rescaled) timestamps, or draw Poisson / Gamma arrivals."))
-    cv: float = Field(1.0, gt=0, allow_inf_nan=False, description="Coefficient of variation of Gamma inter-arrivals (1 = Poisson).")
-    prompt_tokens_mean: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
-        "Mean prompt length used to size templates and demand; default: the dataset's measured mean."))
-    output_tokens_mean: float | None = Field(None, gt=0, allow_inf_nan=False, description=(
-        "Mean output length used to size templates and demand; default: the dataset's measured mean."))
-
-    @model_validator(mode="after")
-    def _means_known(self) -> WorkloadEntry:
-        base = self.dataset.removeprefix("synthetic-")
-        if (self.prompt_tokens_mean is None or self.output_tokens_mean is None) and base not in DATASET_MEANS:
-            raise ValueError(f"dataset {self.dataset!r} has no built-in mean lengths: set prompt_tokens_mean and output_tokens_mean")
-        return self
-
-    @property
-    def means(self) -> tuple[float, float]:
-        base = DATASET_MEANS.get(self.dataset.removeprefix("synthetic-"), (0.0, 0.0))
-        return (self.prompt_tokens_mean or base[0], self.output_tokens_mean or base[1])
 
 
 class ModelEntry(_Strict):
@@ -61,7 +25,7 @@ class ModelEntry(_Strict):
         "Built-in model name (e.g. 'qwen3-32b') or a path to a Hugging Face config.json; default: `name`."))
     ttft_ms: float = Field(gt=0, allow_inf_nan=False, description="Time-to-first-token SLO (prefill latency budget), ms.")
     tpot_ms: float = Field(gt=0, allow_inf_nan=False, description="Time-per-output-token SLO (decode step budget), ms.")
-    workload: WorkloadEntry = Field(description="The model's traffic.")
+    workload: WorkloadSpec = Field(description="The model's traffic (see coral.workload.WorkloadSpec).")
     regions: list[str] | None = Field(None, description="Regions this model may run in (data residency); default: all.")
 
 

@@ -23,7 +23,7 @@ ProgressFn = Callable[[float, float], None]
 
 # Event kinds, which double as priorities at equal times: work completes before new work
 # arrives, and the epoch boundary sees the state after everything at its instant.
-_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _ARRIVAL, _EPOCH = range(6)
+_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH = range(7)
 
 # Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
 # that the performance model is asked once per (node, batch, context bucket), not once a step.
@@ -65,7 +65,8 @@ class _Batch:
 
 class _Instance:
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "max_lanes", "midx", "phase", "queue", "ready_s",
-                 "region", "spec", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s", "weight")
+                 "region", "retiring", "spec", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s",
+                 "weight")
 
     def __init__(self, iid: int, spec: InstanceSpec, midx: int, start_s: float, ready_s: float,
                  config_of: Callable[[str], object]) -> None:
@@ -81,6 +82,7 @@ class _Instance:
         self.ready_s = ready_s
         self.stop_s = math.inf
         self.state = Lifecycle.STARTING
+        self.retiring = False  # removed by a plan, serving until its replacements are ready
         self.held = 0  # requests queued, running, or whose KV is on the way here
         self.stages: list[list[_Node]] = []
         self.stage_layers: list[int] = []
@@ -215,6 +217,9 @@ class _Sim:
                 self._arrival(t, a)
             elif kind == _READY:
                 self._ready(t, a)
+            elif kind == _RETIRE:
+                if a.retiring and a.state is Lifecycle.ACTIVE:
+                    self._remove(t, a)
             else:
                 self._epoch(t)
         self.events = events
@@ -473,7 +478,8 @@ class _Sim:
 
     # -- epochs ---------------------------------------------------------------------------------
     def running_specs(self) -> list[InstanceSpec]:
-        return [i.spec for i in self.instances if i.state in (Lifecycle.ACTIVE, Lifecycle.STARTING)]
+        return [i.spec for i in self.instances
+                if i.state in (Lifecycle.ACTIVE, Lifecycle.STARTING) and not i.retiring]
 
     def _epoch(self, t: float) -> None:
         self._record_epoch(t)
@@ -503,17 +509,30 @@ class _Sim:
         for spec in plan:
             want[spec] = want.get(spec, 0) + 1
         # Keep serving instances before starting ones, then oldest first: fewer cold starts.
-        keep_order = ([i for i in self.instances if i.state is Lifecycle.ACTIVE]
+        keep_order = ([i for i in self.instances if i.state is Lifecycle.ACTIVE and not i.retiring]
                       + [i for i in self.instances if i.state is Lifecycle.STARTING])
+        removed: list[_Instance] = []
         for inst in keep_order:
             if want.get(inst.spec, 0) > 0:
                 want[inst.spec] -= 1
+            elif inst.state is Lifecycle.STARTING:
+                self._remove(t, inst)  # serves nothing yet: stop at once
             else:
-                self._remove(t, inst)
+                removed.append(inst)
+        starting: set[tuple[int, Phase]] = set()
         for spec in plan:  # plan order, so new instance ids are deterministic
             if want.get(spec, 0) > 0:
                 want[spec] -= 1
-                self.start_instance(spec, t, t + self.init_s)
+                inst = self.start_instance(spec, t, t + self.init_s)
+                starting.add((inst.midx, inst.phase))
+        # Make before break: an instance being replaced keeps taking traffic until the new
+        # instances of its (model, phase) are ready, then drains; a pure scale-down drains now.
+        for inst in removed:
+            if (inst.midx, inst.phase) in starting and self.init_s > 0:
+                inst.retiring = True
+                self.push(t + self.init_s, _RETIRE, inst)
+            else:
+                self._remove(t, inst)
 
     def _record_epoch(self, t: float) -> None:
         # Counted from the request states, independently of the finished / failed counters.

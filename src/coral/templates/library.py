@@ -17,10 +17,19 @@ from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.templates.exact import solve_exact
-from coral.templates.problem import FIRST, LAST, MIDDLE, ONLY, Placement, PlacementProblem, Stage
+from coral.templates.problem import (
+    FIRST,
+    LAST,
+    MIDDLE,
+    ONLY,
+    Placement,
+    PlacementProblem,
+    Stage,
+    decode_caps,
+)
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/1"
+LIBRARY_FORMAT = "coral-templates/2"  # 2: decode caps fold in the steady-state cadence
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -91,10 +100,14 @@ class _Timings:
 
     def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
         slowest = min(nodes, key=lambda n: self.network[n])
+        caps = [self.cap[(n, batch, stages)] for n in nodes]
+        if self.spec.phase is Phase.DECODE:
+            caps = [decode_caps(self.t[(n, batch)], self.o[(n, batch)], c, self.spec.slo_ms / 1e3, stages)
+                    for n, c in zip(nodes, caps, strict=True)]
         return PlacementProblem(
             num_layers=self.spec.model.num_layers, stages=stages, batch=batch, nodes=tuple(nodes),
             t=tuple(self.t[(n, batch)] for n in nodes), o=tuple(self.o[(n, batch)] for n in nodes),
-            cap=tuple(self.cap[(n, batch, stages)] for n in nodes), u=self.u[batch],
+            cap=tuple(caps), u=self.u[batch],
             budget_s=self.spec.slo_ms / 1e3, comm_s=self.comm[(slowest, batch)] if stages > 1 else 0.0)
 
 

@@ -2,6 +2,7 @@
 as plain numbers both solvers read, and the domain values of a solved placement / template."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from coral.catalog.hardware import NodeConfig
@@ -27,8 +28,9 @@ class PlacementProblem:
 
     Parameters (per node `k` and position class `p` of its stage):
       `t[k]` per-layer time (s), `o[k][p]` first/last-stage overhead (s), `cap[k][p]` most layers
-      that fit in memory, `u` work tokens per micro-batch, `budget_s` the SLO, `comm_s` one
-      inter-stage hop. `τ_{k,s}(j) = j·t[k] + o[k][p(s)]`.
+      the node may hold (memory; for decode also the steady-state cadence, see `decode_caps`),
+      `u` work tokens per micro-batch, `budget_s` the SLO, `comm_s` one inter-stage hop.
+      `τ_{k,s}(j) = j·t[k] + o[k][p(s)]`.
     """
 
     num_layers: int
@@ -115,6 +117,20 @@ def evaluate(problem: PlacementProblem, assignment: list[list[int]], layers: lis
                      latency_s=latency, comm_s=p.comm_s)
 
 
+def decode_caps(t: float, o: tuple[float, ...], cap: tuple[int, ...], budget_s: float,
+                stages: int) -> tuple[int, int, int, int]:
+    """Fold decode's steady-state cadence into the layer caps.
+
+    A decode pipeline of `S` stages keeps `S` micro-batches in flight (the memory model holds
+    their KV), so each sequence gets one token every `S·max_s T_s` once the pipeline is full, not
+    every `Σ_s T_s`: an unbalanced pipeline meets the one-pass latency but not the TPOT it
+    delivers under load (the simulator shows it). Requiring `T_s ≤ ℓ/S` for every stage is the
+    same as `j·t_k + o_k ≤ ℓ/S` for every node, i.e. a per-node cap on its layers.
+    """
+    per_stage = budget_s * (1 + 1e-9) / stages
+    return tuple(min(c, max(0, math.floor((per_stage - oo) / t))) for c, oo in zip(cap, o, strict=True))  # type: ignore[return-value]
+
+
 def build_problem(perf: PerfModel, model: ModelSpec, phase: Phase, configs: list[NodeConfig], *, stages: int,
                   batch: int, prompt_tokens: float, output_tokens: float, slo_ms: float) -> PlacementProblem:
     """Time every node with the performance model for one `(S, b)`."""
@@ -128,7 +144,10 @@ def build_problem(perf: PerfModel, model: ModelSpec, phase: Phase, configs: list
                  for pos in (FIRST, MIDDLE, LAST, ONLY)}
         cap = {pos: perf.max_layers(c, model, shape, stages=stages, first=pos in (FIRST, ONLY), last=pos in (LAST, ONLY))
                for pos in (FIRST, MIDDLE, LAST, ONLY)}
-        cache[c.name] = (t, (extra[0], extra[1], extra[2], extra[3]), (cap[0], cap[1], cap[2], cap[3]))
+        caps = (cap[0], cap[1], cap[2], cap[3])
+        if phase is Phase.DECODE:
+            caps = decode_caps(t, (extra[0], extra[1], extra[2], extra[3]), caps, slo_ms / 1e3, stages)
+        cache[c.name] = (t, (extra[0], extra[1], extra[2], extra[3]), caps)
     slowest = min(configs, key=lambda c: c.network_bytes_per_s)
     comm = perf.transfer_s(model, shape, slowest, slowest) if stages > 1 else 0.0
     return PlacementProblem(

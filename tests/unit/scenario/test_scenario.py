@@ -33,7 +33,7 @@ def _write(tmp_path, data):
     return str(p)
 
 
-BASE = {"name": "t", "models": [{"name": "phi-4", "ttft_ms": 1000, "tpot_ms": 50, "workload": {"rate_per_s": 1}}],
+BASE = {"name": "t", "models": [{"name": "phi-4", "ttft_ms": 1000, "tpot_ms": 50, "workload": {"rate_per_s": 1, "dataset": "azure-conv"}}],
         "configs": ["1xL40S"], "regions": [{"name": "aws:us-east-2"}]}
 
 

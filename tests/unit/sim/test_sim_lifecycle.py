@@ -89,11 +89,13 @@ def test_conservation_at_every_epoch_and_failures_with_reason(core) -> None:  # 
 def test_cost_counts_starting_and_draining_nodes(core) -> None:  # noqa: ANN001
     sc, model, _, s = _setup(core)
     empty = dataclasses.replace(poisson_trace(model, 1.0, 1.0, 0), name=model)
-    # p (1 node) for 0..10 s, then p2 (2 x 1xL4) from 10 s starting for 5 s to the end at 20 s
+    # p (1 node) serves 0..15 s: replaced at 10 s, it keeps taking traffic until p2 is ready at
+    # 15 s (make before break), then drains (idle: stops at once); p2 (2 x 1xL4) is paid from 10 s
+    # (starting for 5 s) to the end at 20 s
     r = simulate(sc, {model: empty}, [s["p"]], lambda n, d, run: [s["p2"]], duration_s=20.0, epoch_s=10.0,
                  init_s=5.0, seed=0)
     region = sc.regions[0]
-    expected = (10 * sc.prices[(region, "1xL40S")] + 10 * 2 * sc.prices[(region, "1xL4")]) / 3600
+    expected = (15 * sc.prices[(region, "1xL40S")] + 10 * 2 * sc.prices[(region, "1xL4")]) / 3600
     summ = r.summary(timing=False)
     assert abs(summ["cost_usd_per_h"] - expected / (20 / 3600)) < 1e-9
     assert abs(sum(e["cost_usd"] for e in summ["per_epoch"]) - expected) < 1e-12
@@ -123,3 +125,14 @@ def test_same_seed_same_bytes(core, tmp_path) -> None:  # noqa: ANN001
     # rewriting replaces the folder whole and leaves no temporary folder behind
     runs[0].write(out[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run0", "run1"]
+
+
+def test_replaced_instance_serves_until_replacement_is_ready(core) -> None:  # noqa: ANN001
+    sc, model, trace, s = _setup(core, rate=5.0)
+    # At 10 s the plan swaps p for p2 (ready at 40 s): requests arriving in between must still be
+    # served by p, not wait for p2.
+    r = simulate(sc, {model: trace}, [s["p"], s["d"]], lambda n, d, run: [s["p2"], s["d"]], duration_s=60.0,
+                 epoch_s=10.0, init_s=30.0, seed=0)
+    between = (r.arrival_s >= 10.0) & (r.arrival_s < 30.0)
+    assert between.any()
+    assert float(np.nanmax(r.ttft_s[between])) < 5.0  # no request waited for the new instance

@@ -75,3 +75,12 @@ def test_agrees_with_bruteforce(seed):
             again = evaluate(p, [list(s.node_index) for s in fast.stages], [s.layers for s in fast.stages])
             assert again is not None and again.throughput_tok_per_s == fast.throughput_tok_per_s
             assert sum(s.layers for s in fast.stages) == L
+
+
+def test_decode_caps_hand_example():
+    from coral.templates.problem import decode_caps
+
+    # 100 ms TPOT over 2 stages: each stage may take 50 ms; a node with 4 ms/layer and 2 ms of
+    # LM head (last position) holds at most floor((50 - 2) / 4) = 12 layers there, 12 in the
+    # middle (floor(50/4) = 12); memory (10) binds first elsewhere.
+    assert decode_caps(4e-3, (0.0, 0.0, 2e-3, 2e-3), (10, 20, 20, 20), 0.1, 2) == (10, 12, 12, 12)

@@ -1,0 +1,1 @@
+"""The paper's studies as code: experiments, their reports and plots."""

@@ -1,0 +1,424 @@
+"""`coral experiment fidelity`: the simulator against the real runtime on the same trace (the paper's Fig. 6).
+
+The same Azure-conversation trace runs through a local PD-disaggregated cluster of the
+runtime (`coral serve` with two prefill and two decode instances, uneven pipelines, one stage
+with two data-parallel nodes) and through the simulator, timed by the profile `coral profile`
+measured of the same engine on this host. Requests are matched one to one (same arrival
+offsets, prompt and output lengths; greedy decoding with no EOS forces the output length).
+Outputs in `--out`: summary.json, report.md, fidelity_cdf.png, requests.csv, the profile and
+the cluster file.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from coral.errors import CoralError
+
+__all__ = ["FidelityOptions", "fidelity", "run_fidelity"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FidelityOptions:
+    """Knobs of one fidelity run (the CLI's options)."""
+
+    out: Path
+    model: str = "fid-llama"
+    node: str = "1xL4"
+    profile: Path | None = None
+    data_dir: Path | None = None
+    dataset: str = "azure-conv"
+    duration_s: float = 150.0
+    load: float = 0.35
+    max_prompt: int = 384
+    max_output: int = 48
+    seed: int = 0
+    quick: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.duration_s > 0:
+            raise ValueError("duration_s must be > 0")
+        if not 0 < self.load <= 1:
+            raise ValueError("load must be in (0, 1]")
+        if self.max_prompt < 1 or self.max_output < 2:
+            raise ValueError("max_prompt must be >= 1 and max_output >= 2")
+
+
+QUICK = {"duration_s": 25.0, "max_prompt": 128, "max_output": 16}
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def _scenario(model: str, spec_path: Path, node: str, csv_path: Path, prompt_mean: float, output_mean: float, rate: float) -> Any:
+    from coral.catalog import builtin_catalog
+    from coral.scenario import parse_scenario, resolve
+
+    cat = builtin_catalog()
+    regions = sorted({r for (r, c) in cat.offers if c == cat.config(node).name}) or sorted({r for (r, _) in cat.offers})
+    data = {
+        "name": "fidelity", "description": "simulator fidelity against the local runtime",
+        "models": [{"name": model, "spec": str(spec_path.resolve()), "ttft_ms": 1000.0, "tpot_ms": 100.0,
+                    "workload": {"rate_per_s": rate, "dataset": "synthetic", "prompt_tokens_mean": prompt_mean, "output_tokens_mean": output_mean}}],
+        "configs": [node], "regions": [{"name": regions[0], "prices": {node: 1.0}}],
+        "perf": {"backend": "profile", "profile": str(csv_path.resolve())},
+    }  # fmt: skip
+    return resolve(parse_scenario(data, "fidelity scenario"))
+
+
+def _templates(scenario: Any, layout: Any, node: str, prompt_mean: float, output_mean: float, prefill_batch: int,
+               decode_batch: int) -> dict[str, Any]:
+    """Templates whose placements are exactly the runtime's instances; Θ at the nominal shape (b = 1)."""
+    from coral.perf import Phase, Shape
+    from coral.templates.problem import Placement, Stage
+    from coral.templates.template import Template
+
+    served = scenario.models[0]
+    spec, perf, cfg = served.spec, scenario.perf, scenario.config(node)
+    out = {}
+    for inst in layout:
+        phase = Phase(inst.phase)
+        shape = Shape(phase=phase, batch=1, prompt_tokens=prompt_mean, output_tokens=output_mean)
+        stages, k, last = [], 0, len(inst.stages) - 1
+        for s, st in enumerate(inst.stages):
+            tau = perf.node_time_s(cfg, spec, shape, st.end - st.start, first=s == 0, last=s == last)
+            stages.append(Stage(nodes=(cfg.name,) * st.nodes, node_index=tuple(range(k, k + st.nodes)), layers=st.end - st.start,
+                                time_s=tau, throughput_tok_per_s=st.nodes * shape.work_tokens / tau))
+            k += st.nodes
+        comm = perf.transfer_s(spec, shape, cfg, cfg)
+        placement = Placement(stages=tuple(stages), micro_batch=prefill_batch if phase is Phase.PREFILL else decode_batch,
+                              throughput_tok_per_s=min(s.throughput_tok_per_s for s in stages),
+                              latency_s=sum(s.time_s for s in stages) + comm * last, comm_s=comm)
+        out[inst.name] = Template(model=served.name, phase=phase, slo_ms=served.slo_ms(phase), nodes=(cfg.name,) * k,
+                                  placement=placement)
+    return out
+
+
+def _work_s(perf: Any, spec: Any, cfg: Any, prompt: np.ndarray, output: np.ndarray) -> float:
+    """Mean engine-seconds one request costs (whole model, alone): sizes the arrival rate."""
+    from coral.perf import Phase, Shape
+
+    L = spec.num_layers
+    tot = 0.0
+    for p, d in zip(prompt[:500], output[:500], strict=True):
+        pre = perf.node_time_s(cfg, spec, Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=float(p), output_tokens=0.0), L,
+                               first=True, last=True)
+        dec = perf.node_time_s(cfg, spec, Shape(phase=Phase.DECODE, batch=1, prompt_tokens=float(p), output_tokens=float(d)), L,
+                               first=True, last=True)
+        tot += pre + (d - 1) * dec
+    return tot / min(len(prompt), 500)
+
+
+def _ape(sim: np.ndarray, real: np.ndarray) -> np.ndarray:
+    return np.abs(sim - real) / real
+
+
+def _pct(x: np.ndarray) -> dict[str, float]:
+    return {"mean": float(np.mean(x)), "p50": float(np.percentile(x, 50)), "p90": float(np.percentile(x, 90)),
+            "p99": float(np.percentile(x, 99))}
+
+
+def _compare(real: np.ndarray, sim: np.ndarray) -> dict[str, Any]:
+    ape = _ape(sim, real)
+    r, s = _pct(real), _pct(sim)
+    return {
+        "mape": float(ape.mean()), "p50_ape": float(np.percentile(ape, 50)), "p90_ape": float(np.percentile(ape, 90)),
+        "real_s": r, "sim_s": s, "error_of": {k: (s[k] - r[k]) / r[k] for k in r},
+        # quantile-matched error: what two CDFs side by side show (mean |Q_sim(q) - Q_real(q)| / Q_real(q))
+        "cdf_mape": float(np.mean(np.abs(np.sort(sim) - np.sort(real)) / np.sort(real))),
+    }  # fmt: skip
+
+
+def _plot(path: Path, real_ttft: np.ndarray, sim_ttft: np.ndarray, real_tpot: np.ndarray, sim_tpot: np.ndarray,
+          base_ttft: np.ndarray | None, base_tpot: np.ndarray | None, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, (name, r, s, b) in zip(axes, (("TTFT", real_ttft, sim_ttft, base_ttft), ("TPOT", real_tpot, sim_tpot, base_tpot)), strict=True):
+        y = np.arange(1, len(r) + 1) / len(r)
+        ax.plot(np.sort(r) * 1e3, y, label="real runtime", color="black", lw=2)
+        ax.plot(np.sort(s) * 1e3, y, label="simulator (engine profile)", color="tab:orange", lw=2, ls="--")
+        if b is not None:
+            ax.plot(np.sort(b) * 1e3, y, label="simulator (table only)", color="tab:blue", lw=1, ls=":")
+        ax.set_xlabel(f"{name} (ms)")
+        ax.set_ylabel("CDF")
+        ax.grid(alpha=0.3)
+        ax.set_xscale("log")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=130)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the study and write its outputs into `opts.out`.
+
+    Returns:
+        The summary (also written as summary.json).
+
+    Raises:
+        CoralError: the runtime failed to start, no request finished, a bad option.
+    """
+    from coral.experiments.fidelity_perf import load_engine_perf
+    from coral.experiments.fidelity_profile import resolve_runtime_model
+    from coral.experiments.fidelity_runtime import (
+        Served,
+        cluster_file,
+        default_layout,
+        replay,
+        runtime_overhead,
+    )
+    from coral.experiments.profile_cmd import run_profile
+    from coral.perf import Phase
+    from coral.policy import InstanceSpec
+    from coral.sim import simulate
+    from coral.workload import Trace, cut, load_dataset, scale_to_rate
+
+    say = progress or (lambda _m: None)
+    t_start = time.perf_counter()
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    name, config = resolve_runtime_model(opts.model)
+    ctx = int(config.get("max_position_embeddings", 2048))
+    if opts.max_prompt + opts.max_output > ctx:
+        raise CoralError(f"max_prompt + max_output = {opts.max_prompt + opts.max_output} exceeds the model's context {ctx}")
+    spec_path = out / "model" / "config.json"
+    spec_path.parent.mkdir(parents=True, exist_ok=True)
+    arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM", "phi3": "Phi3ForCausalLM"}
+    hf = {"architectures": [arch.get(config["model_type"], "LlamaForCausalLM")], "torch_dtype": "float32",
+          **{k: v for k, v in config.items() if k != "eos_token_id"}}
+    spec_path.write_text(json.dumps(hf, indent=2) + "\n")
+
+    # 1. profile the engine on this host
+    csv_path = opts.profile
+    if csv_path is None:
+        csv_path = out / "profile.csv"
+        top = opts.max_prompt
+        prompts = sorted({min(p, top) for p in (16, 64, 128, 256, 384)} | {top}) if not opts.quick else sorted({16, top // 2, top})
+        contexts = sorted({32, top // 2, top + opts.max_output // 2, top + opts.max_output - 4})
+        say(f"profiling {name} on this host -> {csv_path}")
+        run_profile(opts.model, opts.node, csv_path, name=name, batches="1,2" if opts.quick else "1,2,4",
+                    prompt_tokens=",".join(map(str, prompts)), decode_batches="1,4" if opts.quick else "1,4,16",
+                    contexts=",".join(map(str, contexts)), device="cpu", reps=3, progress=None)
+
+    # 2. the trace, clipped to the model's context and scaled to the cluster's capacity
+    loaded = load_dataset(opts.dataset, opts.data_dir).trace
+    prompt = np.clip(loaded.prompt_tokens, 1, opts.max_prompt)
+    output = np.clip(loaded.output_tokens, 2, opts.max_output)
+    base = Trace(name=name, arrival_s=loaded.arrival_s, prompt_tokens=prompt, output_tokens=output, window_s=loaded.window_s)
+    scenario = _scenario(name, spec_path, opts.node, csv_path, float(prompt.mean()), float(output.mean()), 1.0)
+    engine = load_engine_perf(csv_path, scenario.catalog, fallback=scenario.perf.fallback)
+    cfg = scenario.config(opts.node)
+    cores = os.cpu_count() or 1
+    work = _work_s(engine, scenario.models[0].spec, cfg, prompt, output)
+    rate = opts.load * cores / work
+    trace = cut(scale_to_rate(base, rate), 0.0, opts.duration_s)
+    if len(trace) < 5:
+        raise CoralError(f"only {len(trace)} requests in {opts.duration_s:g} s at {rate:.2f} req/s; run longer")
+    p_mean, d_mean = float(trace.prompt_tokens.mean()), float(trace.output_tokens.mean())
+    scenario = dataclasses.replace(scenario, models=(dataclasses.replace(scenario.models[0], rate_per_s=rate,
+                                                                         prompt_tokens_mean=p_mean, output_tokens_mean=d_mean),))
+    sc_engine = dataclasses.replace(scenario, perf=engine)
+    say(f"trace: {len(trace)} requests over {opts.duration_s:g} s ({rate:.2f} req/s for {opts.load:.0%} of {cores} cores; "
+        f"{work * 1e3:.0f} engine-ms per request), prompt mean {p_mean:.0f}, output mean {d_mean:.1f}")
+
+    # 3. templates = the runtime's placements
+    layout = default_layout(int(config["num_hidden_layers"]))
+    prefill_batch = max(1, 4096 // opts.max_prompt)  # the runtime scheduler's 4096-token micro-batch cap
+    templates = _templates(sc_engine, layout, opts.node, p_mean, d_mean, prefill_batch, 64)
+    region = scenario.regions[0]
+    initial = [InstanceSpec(template=templates[i.name], region=region) for i in layout]
+
+    # 4. the real runtime
+    cluster = cluster_file(name, config, layout, {k: t.throughput_tok_per_s for k, t in templates.items()})
+    say("measuring the runtime's own overhead (same cluster, no-maths engines) ...")
+    noop_ttft, noop_tpot = runtime_overhead(cluster)
+    lat = engine.host.activation.latency_s
+    pre = [i for i in layout if i.phase == "prefill"]
+    dec = [i for i in layout if i.phase == "decode"]
+    modelled_ttft = (4 + float(np.mean([len(i.stages) - 1 for i in pre]))) * lat
+    modelled_step = (2 + float(np.mean([len(i.stages) - 1 for i in dec]))) * lat
+    engine.frontend_extra_s = max(0.0, noop_ttft - modelled_ttft)
+    engine.step_extra_s = max(0.0, noop_tpot - modelled_step)
+    say(f"no-maths runtime: TTFT {noop_ttft * 1e3:.2f} ms, TPOT {noop_tpot * 1e3:.2f} ms -> front end +{engine.frontend_extra_s * 1e3:.2f} ms, "
+        f"decode step +{engine.step_extra_s * 1e3:.2f} ms beyond the modelled messages")
+    say("starting the local cluster (coral serve) ...")
+    t_rt = time.perf_counter()
+    with Served(cluster, out) as srv:
+        say(f"serving at {srv.url} after {time.perf_counter() - t_rt:.1f} s; warming up")
+        warm_n = 2 * len(layout)
+        replay(srv.url, name, np.arange(warm_n) * 0.3, np.full(warm_n, opts.max_prompt), np.full(warm_n, 4),
+               vocab_size=int(config["vocab_size"]), seed=opts.seed + 1)
+        say(f"replaying {len(trace)} requests ...")
+        recs = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                      vocab_size=int(config["vocab_size"]), seed=opts.seed)
+    runtime_s = time.perf_counter() - t_rt
+    ok = np.array([not r.error for r in recs])
+    errors = [f"#{r.index}: {r.error}" for r in recs if r.error]
+    if not ok.any():
+        raise CoralError("no request finished on the runtime: " + "; ".join(errors[:3]))
+
+    # 5. the simulator, same requests
+    horizon = float(trace.arrival_s[-1]) + 600.0
+
+    def keep(_now: float, _demand: dict[tuple[str, Phase], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
+        return list(running)
+
+    sims = {}
+    for label, sc in (("engine", sc_engine), ("table", scenario)):
+        res = simulate(sc, {name: trace}, initial, keep, duration_s=horizon, epoch_s=horizon, init_s=0.0, seed=opts.seed)
+        ttft = res.ttft_s + (engine.frontend_s if label == "engine" else 0.0)
+        sims[label] = (res, ttft, res.tpot_s)
+    res, sim_ttft, sim_tpot = sims["engine"]
+    sim_done = np.isfinite(sim_tpot)
+    both = ok & sim_done
+    real_ttft = np.array([r.ttft_s for r in recs])
+    real_tpot = np.array([r.tpot_s for r in recs])
+
+    # 6. compare
+    cmp_ttft = _compare(real_ttft[both], sim_ttft[both])
+    cmp_tpot = _compare(real_tpot[both], sim_tpot[both])
+    _, b_ttft, b_tpot = sims["table"]
+    b_ok = both & np.isfinite(b_tpot)
+    summary: dict[str, Any] = {
+        "model": name, "node_label": opts.node, "quick": opts.quick, "dataset": opts.dataset,
+        "cores": cores, "load": opts.load, "rate_per_s": rate, "duration_s": opts.duration_s,
+        "max_prompt": opts.max_prompt, "max_output": opts.max_output,
+        "prompt_tokens_mean": p_mean, "output_tokens_mean": d_mean,
+        "requests": {"trace": len(trace), "real_finished": int(ok.sum()), "sim_finished": int(sim_done.sum()),
+                     "matched": int(both.sum()), "real_errors": errors[:20]},
+        "ttft": cmp_ttft, "tpot": cmp_tpot,
+        "table_only": {"ttft_mape": float(_ape(b_ttft[b_ok], real_ttft[b_ok]).mean()) if b_ok.any() else None,
+                       "tpot_mape": float(_ape(b_tpot[b_ok], real_tpot[b_ok]).mean()) if b_ok.any() else None},
+        "sim_utilization": {f"{m}/{ph}": res.summary(timing=False)["per_model"][m][ph]["utilization"]
+                            for m in [name] for ph in ("prefill", "decode")},
+        "frontend_ms": engine.frontend_s * 1e3, "decode_step_extra_ms": engine.step_extra_s * 1e3,
+        "noop_runtime": {"ttft_ms": noop_ttft * 1e3, "tpot_ms": noop_tpot * 1e3},
+        "instances": {k: {"phase": t.phase.value, "layers": [s.layers for s in t.placement.stages],
+                          "nodes": [len(s.nodes) for s in t.placement.stages], "throughput_tok_per_s": t.throughput_tok_per_s}
+                      for k, t in templates.items()},
+        "profile": str(csv_path), "runtime_wall_s": runtime_s, "wall_s": time.perf_counter() - t_start,
+    }  # fmt: skip
+
+    # 7. outputs
+    with open(out / "requests.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "arrival_s", "prompt_tokens", "output_tokens", "real_ttft_s", "sim_ttft_s", "real_tpot_s",
+                    "sim_tpot_s", "prefill_instance", "decode_instance", "error"])
+        names = [i.name for i in layout]
+        for i, r in enumerate(recs):
+            pi, di = int(res.prefill_instance[i]), int(res.decode_instance[i])
+            w.writerow([i, f"{r.arrival_s:.6f}", r.prompt_tokens, r.output_tokens, f"{real_ttft[i]:.6f}", f"{sim_ttft[i]:.6f}",
+                        f"{real_tpot[i]:.6f}", f"{sim_tpot[i]:.6f}", names[pi] if pi >= 0 else "", names[di] if di >= 0 else "",
+                        r.error])
+    title = (f"{name}, {int(both.sum())} requests, {rate:.2f} req/s: TTFT MAPE {cmp_ttft['mape']:.1%}, "
+             f"TPOT MAPE {cmp_tpot['mape']:.1%}")
+    _plot(out / "fidelity_cdf.png", real_ttft[both], sim_ttft[both], real_tpot[both], sim_tpot[both],
+          b_ttft[b_ok] if b_ok.sum() == both.sum() else None, b_tpot[b_ok] if b_ok.sum() == both.sum() else None, title)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    (out / "report.md").write_text(_report(summary))
+    return summary
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, np.generic):
+        return x.item()
+    return str(x)
+
+
+def _report(s: dict[str, Any]) -> str:
+    t, p = s["ttft"], s["tpot"]
+
+    def row(name: str, c: dict[str, Any]) -> str:
+        r, m = c["real_s"], c["sim_s"]
+        return (f"| {name} | {c['mape']:.1%} | {c['p90_ape']:.1%} | {c['cdf_mape']:.1%} | {r['mean'] * 1e3:.1f} / {m['mean'] * 1e3:.1f} | "
+                f"{r['p50'] * 1e3:.1f} / {m['p50'] * 1e3:.1f} | {r['p90'] * 1e3:.1f} / {m['p90'] * 1e3:.1f} | "
+                f"{r['p99'] * 1e3:.1f} / {m['p99'] * 1e3:.1f} |")
+
+    req = s["requests"]
+    lines = [
+        f"# Simulator fidelity: {s['model']}{' (quick)' if s['quick'] else ''}",
+        "",
+        f"{req['trace']} requests of {s['dataset']} (prompts clipped to {s['max_prompt']}, outputs to {s['max_output']} tokens; "
+        f"means {s['prompt_tokens_mean']:.0f} / {s['output_tokens_mean']:.1f}) at {s['rate_per_s']:.2f} req/s for "
+        f"{s['duration_s']:g} s, on {s['cores']} CPU cores. Real finished {req['real_finished']}, simulated finished "
+        f"{req['sim_finished']}, matched {req['matched']}.",
+        "",
+        "| metric | MAPE (per request) | p90 APE | CDF MAPE | mean ms real / sim | p50 | p90 | p99 |",
+        "|---|---|---|---|---|---|---|---|",
+        row("TTFT", t),
+        row("TPOT", p),
+        "",
+        f"Simulator timed by the profile table alone (no engine adapter): TTFT MAPE "
+        f"{_fmt(s['table_only']['ttft_mape'])}, TPOT MAPE {_fmt(s['table_only']['tpot_mape'])}.",
+        "",
+        "![CDFs](fidelity_cdf.png)",
+        "",
+        f"Simulated utilization (busy node-s / node-s): {', '.join(f'{k} {v:.1%}' for k, v in s['sim_utilization'].items() if v is not None)}.",
+        "",
+    ]
+    if req["real_errors"]:
+        lines += ["Runtime errors:", "", *[f"- {e}" for e in req["real_errors"]], ""]
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+@click.command("fidelity")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder for summary.json, report.md, the PNG and CSVs.")
+@click.option("--model", default="fid-llama", show_default=True, help="Runtime model (built-in config name or config.json path).")
+@click.option("--node", default="1xL4", show_default=True, help="Catalog configuration used as the label of this host's nodes.")
+@click.option("--profile", "profile_csv", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Reuse this `coral profile` CSV (with its .host.json) instead of profiling first.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Folder holding traces/ (default: the shared data).")
+@click.option("--dataset", default="azure-conv", show_default=True, help="Trace: azure-conv, azure-code, burstgpt or a CSV path.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=None, help="Seconds of trace to replay [150; quick 25].")
+@click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=0.35, show_default=True,
+              help="Offered load as a share of this host's CPU cores (sizes the arrival rate).")
+@click.option("--max-prompt", type=click.IntRange(min=1), default=None, help="Clip prompts to this many tokens [384; quick 128].")
+@click.option("--max-output", type=click.IntRange(min=2), default=None, help="Clip outputs to this many tokens [48; quick 16].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quick", is_flag=True, help="A ~1-minute run (tests): short trace, short sequences, small profile grid.")
+def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_dir: str | None, dataset: str,
+             duration_s: float | None, load: float, max_prompt: int | None, max_output: int | None, seed: int, quick: bool) -> None:
+    """Replay a trace through the real local runtime and through the simulator (timed by a profile of the same
+    engine), match requests one to one and report the TTFT / TPOT errors (the paper's Fig. 6)."""
+    dflt = {**{"duration_s": 150.0, "max_prompt": 384, "max_output": 48}, **(QUICK if quick else {})}
+    opts = FidelityOptions(
+        out=Path(out_dir), model=model, node=node, profile=Path(profile_csv) if profile_csv else None,
+        data_dir=Path(data_dir) if data_dir else None, dataset=dataset,
+        duration_s=duration_s if duration_s is not None else dflt["duration_s"], load=load,
+        max_prompt=max_prompt if max_prompt is not None else int(dflt["max_prompt"]),
+        max_output=max_output if max_output is not None else int(dflt["max_output"]), seed=seed, quick=quick,
+    )  # fmt: skip
+    s = run_fidelity(opts, progress=lambda m: click.echo(m, err=True))
+    t, p = s["ttft"], s["tpot"]
+    click.echo(f"TTFT: MAPE {t['mape']:.1%}, p90 APE {t['p90_ape']:.1%}, CDF MAPE {t['cdf_mape']:.1%}; "
+               f"TPOT: MAPE {p['mape']:.1%}, p90 APE {p['p90_ape']:.1%}, CDF MAPE {p['cdf_mape']:.1%} "
+               f"({s['requests']['matched']} requests matched; {s['wall_s']:.0f} s)")
+    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv")

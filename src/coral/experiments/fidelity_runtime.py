@@ -1,0 +1,246 @@
+"""The real side of the fidelity study: a local cluster through `coral serve`, and a trace replayed over its HTTP API."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import yaml
+
+from coral.errors import CoralError
+
+__all__ = ["runtime_overhead", "Served", "StageLayout", "InstanceLayout", "RealRequest", "cluster_file", "default_layout", "replay"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageLayout:
+    """Layers [start, end) on `nodes` data-parallel engine nodes."""
+
+    start: int
+    end: int
+    nodes: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceLayout:
+    """One serving instance of the study's cluster."""
+
+    name: str
+    phase: str  # prefill or decode
+    stages: tuple[StageLayout, ...]
+
+
+def default_layout(num_layers: int) -> tuple[InstanceLayout, ...]:
+    """Two prefill and two decode instances with uneven pipelines (PD disaggregated).
+
+    For 8 layers: prefill [0,3)+[3,8) and [0,8); decode [0,5)+[5,8) and [0,3)+[3,8)x2.
+    """
+    a, c = max(1, num_layers * 3 // 8), max(1, num_layers * 5 // 8)
+    L = num_layers
+    return (
+        InstanceLayout(name="prefill-a", phase="prefill", stages=(StageLayout(start=0, end=a), StageLayout(start=a, end=L))),
+        InstanceLayout(name="prefill-b", phase="prefill", stages=(StageLayout(start=0, end=L),)),
+        InstanceLayout(name="decode-a", phase="decode", stages=(StageLayout(start=0, end=c), StageLayout(start=c, end=L))),
+        InstanceLayout(name="decode-b", phase="decode", stages=(StageLayout(start=0, end=a), StageLayout(start=a, end=L, nodes=2))),
+    )
+
+
+def cluster_file(model: str, config: dict[str, Any], layout: Sequence[InstanceLayout], throughputs: dict[str, float],
+                 *, threads: int = 1, dtype: str = "float32", device: str = "cpu", max_context: int | None = None) -> dict[str, Any]:
+    """The cluster YAML document (`coral serve --config`) of the study's cluster.
+
+    The model's EOS token is removed so that greedy outputs always run to `max_tokens`.
+    """
+    cfg = {k: v for k, v in config.items() if k != "eos_token_id"}
+    cfg["eos_token_id"] = None
+    return {
+        "coordinator": {"host": "127.0.0.1", "port": 0},
+        "device": device,
+        "dtype": dtype,
+        "torch_threads": threads,
+        "models": [{"name": model, "hf_config": cfg, "weights": {"seed": 0},
+                    **({"max_context": max_context} if max_context else {})}],
+        "instances": [
+            {"name": i.name, "model": model, "phase": i.phase, "region": "local",
+             "throughput_tok_per_s": float(throughputs[i.name]),
+             "stages": [{"layers": [s.start, s.end], "nodes": s.nodes} for s in i.stages]}
+            for i in layout
+        ],
+    }  # fmt: skip
+
+
+class Served:
+    """`coral serve` in a child process (its own interpreter, so the client here does not share its GIL)."""
+
+    def __init__(self, cluster: dict[str, Any], workdir: Path, startup_timeout_s: float = 240.0) -> None:
+        self.cluster = cluster
+        self.workdir = workdir
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def __enter__(self) -> Served:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        cfg = self.workdir / "cluster.yaml"
+        cfg.write_text(yaml.safe_dump(self.cluster, sort_keys=False))
+        ready = Path(tempfile.mkdtemp(prefix="coral-fid-")) / "url"
+        log = open(self.workdir / "serve.log", "wb")  # noqa: SIM115 - closed in __exit__ via the process
+        self._log = log
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "coral.runtime.cli", "--config", str(cfg), "--port", "0", "--ready-file", str(ready),
+             "--startup-timeout", str(self.startup_timeout_s)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        deadline = time.monotonic() + self.startup_timeout_s + 30
+        while not (ready.is_file() and ready.read_text().strip()):
+            if self.proc.poll() is not None:
+                self.__exit__()
+                tail = (self.workdir / "serve.log").read_text(errors="replace")[-2000:]
+                raise CoralError(f"coral serve exited during start-up:\n{tail}")
+            if time.monotonic() > deadline:
+                self.__exit__()
+                raise CoralError("coral serve did not become ready in time")
+            time.sleep(0.2)
+        self.url = ready.read_text().strip()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+
+
+@dataclass(slots=True)
+class RealRequest:
+    """What the client saw of one request (times in seconds from the replay's start)."""
+
+    index: int
+    arrival_s: float  # scheduled
+    prompt_tokens: int
+    output_tokens: int  # asked (max_tokens)
+    sent_s: float = float("nan")
+    first_s: float = float("nan")
+    last_s: float = float("nan")
+    received: int = 0
+    error: str = ""
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_s - self.sent_s
+
+    @property
+    def tpot_s(self) -> float:
+        if self.received <= 1:
+            return 0.0
+        return (self.last_s - self.first_s) / (self.received - 1)
+
+
+def _one(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, rec: RealRequest, timeout_s: float) -> None:
+    u = urlparse(url)
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    try:
+        rec.sent_s = time.perf_counter() - t0
+        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            rec.error = f"HTTP {resp.status}: {resp.read()[:300]!r}"
+            return
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if not line.startswith(b"data: "):
+                continue
+            data = line[6:].strip()
+            if data == b"[DONE]":
+                break
+            now = time.perf_counter() - t0
+            obj = json.loads(data)
+            if "error" in obj:
+                rec.error = str(obj["error"])
+                break
+            n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
+            if n:
+                if rec.received == 0:
+                    rec.first_s = now
+                rec.last_s = now
+                rec.received += n
+    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
+        rec.error = f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
+           vocab_size: int, seed: int = 0, timeout_s: float = 300.0) -> list[RealRequest]:
+    """Send every request at its arrival offset (open loop, one thread each), streaming, greedy.
+
+    Prompts are random token ids (seeded); `max_tokens` is the trace's output length (the
+    served model has no EOS token, so every request produces exactly that many tokens).
+
+    Returns:
+        One record per request, in trace order.
+    """
+    rng = np.random.default_rng(seed)
+    recs = [RealRequest(index=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(d))
+            for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, output_tokens, strict=True))]
+    prompts = [rng.integers(3, vocab_size, size=int(p)).tolist() for p in prompt_tokens]
+    threads: list[threading.Thread] = []
+    t0 = time.perf_counter()
+    for rec, prompt in zip(recs, prompts, strict=True):
+        wait = t0 + rec.arrival_s - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        th = threading.Thread(target=_one, args=(url, model, prompt, rec.output_tokens, t0, rec, timeout_s), daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(timeout_s)
+    for rec in recs:
+        if not rec.error and rec.received != rec.output_tokens:
+            rec.error = f"received {rec.received} tokens, asked {rec.output_tokens}"
+    return recs
+
+
+def runtime_overhead(cluster: dict[str, Any], *, requests: int = 16, prompt_tokens: int = 16, output_tokens: int = 8) -> tuple[float, float]:
+    """Median TTFT and TPOT of isolated requests on the cluster with no-maths engines (the runtime's own costs).
+
+    Uses the public entry points only: the cluster file, `LocalProvisioner(noop_engines=True)`,
+    the HTTP API.
+
+    Returns:
+        (median TTFT s, median TPOT s).
+    """
+    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.provisioner import Deployment, LocalProvisioner
+
+    spec = parse_cluster(cluster, "fidelity cluster")
+    vocab = int(cluster["models"][0]["hf_config"]["vocab_size"])
+    with Deployment(spec, LocalProvisioner(noop_engines=True), http_port=0) as dep:
+        recs = replay(dep.url, spec.models[0].name, np.arange(requests) * 0.1, np.full(requests, prompt_tokens),
+                      np.full(requests, output_tokens), vocab_size=vocab, seed=7)
+    good = [r for r in recs[2:] if not r.error]
+    if not good:
+        raise CoralError("the no-maths cluster answered no request: " + "; ".join(r.error for r in recs[:3]))
+    return float(np.median([r.ttft_s for r in good])), float(np.median([r.tpot_s for r in good]))

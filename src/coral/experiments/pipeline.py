@@ -1,0 +1,116 @@
+"""The end-to-end pipeline shared by the CLI and the experiments: library -> plan -> simulation."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coral.allocator import Plan, allocate, tight_availability
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.policy import InstanceSpec
+from coral.scenario import Scenario, load_scenario
+from coral.sim import SimResult, simulate
+from coral.solver import SolveOptions
+from coral.templates.library import build_library, default_cache_dir
+from coral.templates.template import TemplateLibrary
+from coral.workload import build_workload
+
+AVAILABILITY_MODES = ("abundant", "tight")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Setup:
+    """A scenario with its library and the availability a run uses."""
+
+    scenario: Scenario
+    library: TemplateLibrary
+    availability: Mapping[tuple[str, str], int]
+    availability_mode: str
+    library_s: float
+
+
+def scaled_scenario(name: str, demand_scale: float = 1.0, overrides: Mapping[str, Any] | None = None) -> Scenario:
+    """Load a scenario with every model's rate multiplied by `demand_scale`."""
+    if not demand_scale > 0 or demand_scale == float("inf"):
+        raise CoralError(f"--demand-scale must be a finite number > 0, got {demand_scale}")
+    scenario = load_scenario(name, overrides)
+    if demand_scale == 1.0:
+        return scenario
+    data = scenario.source.model_dump()
+    for m in data["models"]:
+        m["workload"]["rate_per_s"] *= demand_scale
+    return load_scenario(name, {**(overrides or {}), "models": data["models"]})
+
+
+def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1, cache_dir: Path | None = None,
+            use_cache: bool = True, n_max: int | None = None, rho: float | None = None,
+            on_unit: Callable[[Any], None] | None = None,
+            step: Callable[[Any, int, int], None] | None = None) -> Setup:
+    """Build (or read) the scenario's library and work out the availability mode's node counts.
+
+    Raises:
+        CoralError: an unknown availability mode.
+    """
+    if availability not in AVAILABILITY_MODES:
+        raise CoralError(f"unknown availability {availability!r}; valid: {', '.join(AVAILABILITY_MODES)}")
+    t0 = time.perf_counter()
+    library = build_library(scenario, jobs=jobs, cache_dir=(cache_dir or default_cache_dir()) if use_cache else None,
+                            n_max=n_max, rho=rho, progress=on_unit, step=step)
+    library_s = time.perf_counter() - t0
+    avail = dict(scenario.availability)
+    if availability == "tight":
+        avail = dict(tight_availability(scenario, library))
+    return Setup(scenario=scenario, library=library, availability=avail, availability_mode=availability,
+                 library_s=library_s)
+
+
+def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase], float] | None = None,
+         prev: Any = None, options: SolveOptions | None = None) -> Plan:
+    """Allocate with `method` under the setup's availability."""
+    return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
+                    prev=prev, options=options)
+
+
+def plan_specs(p: Plan) -> list[InstanceSpec]:
+    """A plan's instances, one InstanceSpec per running instance."""
+    return [InstanceSpec(template=i.template, region=i.region) for i in p.instances for _ in range(i.count)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimRun:
+    result: SimResult
+    plans: tuple[Plan, ...]  # the initial plan and one per epoch boundary
+
+
+def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1800.0, epoch_s: float | None = None,
+                   seed: int = 0, data_dir: str | Path | None = None, options: SolveOptions | None = None,
+                   progress: Callable[[float, float], None] | None = None) -> SimRun:
+    """Simulate the scenario's traffic on `method`'s plans, re-planning every epoch from the
+    demand observed in the last one (the first plan uses the scenario's nominal demand).
+
+    Raises:
+        CoralError: bad durations, missing trace data.
+    """
+    scenario = setup.scenario
+    epoch = epoch_s if epoch_s is not None else scenario.planner.epoch_s
+    if not duration_s > 0 or not epoch > 0:
+        raise CoralError("--duration-s and --epoch-s must be > 0")
+    traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=duration_s, seed=seed,
+                            data_dir=data_dir, base_dir=scenario.base_dir)
+    util = scenario.planner.target_utilization
+    plans = [plan(setup, method, options=options)]
+
+    def replan(now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
+        demand = {(m, Phase(ph)): v / util for (m, ph), v in observed.items()}
+        prev = dict(Counter((s.region, s.template.key) for s in running))
+        new = plan(setup, method, demand=demand, prev=prev, options=options)
+        plans.append(new)
+        return plan_specs(new)
+
+    result = simulate(scenario, traces, plan_specs(plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
+                      init_s=scenario.planner.init_s, seed=seed, progress=progress)
+    return SimRun(result=result, plans=tuple(plans))

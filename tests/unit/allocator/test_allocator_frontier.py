@@ -1,0 +1,70 @@
+"""The frontier fast path: with availability that does not bind, solving on the cost/throughput
+frontier gives the same optimum as the full ILP over every column."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from allocator_helpers import D, P, demand_of, make_library, make_scenario, make_template
+
+from coral.allocator import allocate, verify_plan
+from coral.allocator.allocate import frontier_columns
+from coral.allocator.ilp import prev_counts, solve_allocation
+from coral.allocator.inputs import build_columns, build_inputs
+from coral.solver import SolveOptions
+
+EXACT = SolveOptions(backend="highs", time_limit_s=30, mip_gap=1e-9)
+
+
+def instance(seed: int, avail: int):
+    rng = random.Random(seed)
+    regions, configs = ["r1", "r2"], ["A", "B", "C"]
+    prices = {(r, c): round(rng.uniform(0.5, 4.0), 2) for r in regions for c in configs}
+    templates = []
+    for m in ("m1", "m2"):
+        for ph in (P, D):
+            seen = set()
+            for _ in range(12):
+                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
+                if nodes not in seen:  # one template per multiset, as in a library
+                    seen.add(nodes)
+                    templates.append(make_template(m, ph, nodes, round(rng.uniform(20, 200), 1)))
+    scenario = make_scenario(["m1", "m2"], prices, {k: avail for k in prices})
+    demand = demand_of({(m, ph): round(rng.uniform(50, 400), 1) for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"])
+    return scenario, make_library(templates), demand
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_fast_path_matches_full_ilp(seed):
+    scenario, library, demand = instance(seed, avail=1000)
+    plan = allocate(scenario, library, demand=demand, options=EXACT)
+    assert any("frontier" in n for n in plan.notes)
+    assert verify_plan(plan, scenario, library, demand=demand) == []
+    inputs = build_inputs(scenario, library, demand=demand)
+    cols = build_columns(inputs)
+    full, _ = solve_allocation(inputs, cols, prev_counts(inputs, cols, None), EXACT)
+    assert full is not None
+    assert plan.cost_usd_per_h == pytest.approx(full.cost_usd_per_h, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_binding_availability_falls_back_to_full_ilp(seed):
+    scenario, library, demand = instance(seed, avail=3)
+    plan = allocate(scenario, library, demand=demand, options=EXACT)
+    assert not any("frontier" in n for n in plan.notes)
+    assert verify_plan(plan, scenario, library, demand=demand) == []
+
+
+def test_frontier_mask_hand_example():
+    # one (model, phase), one region: costs (with the init penalty) 1, 2, 3 and throughputs
+    # 10, 5, 20: the 2nd costs more than the 1st and serves less -> dropped.
+    scenario = make_scenario(["m1"], {("r1", "A"): 1.0, ("r1", "B"): 2.0, ("r1", "C"): 3.0},
+                             {("r1", "A"): 9, ("r1", "B"): 9, ("r1", "C"): 9})
+    library = make_library([make_template("m1", P, ["A"], 10), make_template("m1", P, ["B"], 5),
+                            make_template("m1", P, ["C"], 20)])
+    inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 30}, ["m1"]))
+    cols = build_columns(inputs)
+    keep = frontier_columns(inputs, cols, np.zeros(cols.num_cols, dtype=np.int64))
+    kept = sorted(cols.templates[int(cols.col_t[j])].nodes for j in np.flatnonzero(keep))
+    assert kept == [("A",), ("C",)]
