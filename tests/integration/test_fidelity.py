@@ -1,6 +1,7 @@
 """`coral profile` and `coral experiment fidelity --quick` end to end on this machine (real processes)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -33,9 +34,8 @@ def test_profile_writes_a_table_load_profile_csv_reads(tmp_path):
     assert [0.0, 16.0, 32.0, 64.0, 128.0] == xs.tolist()  # b·P of the grid, anchored at 0
     xs, _ = perf.table[("1xL4", "tiny-llama", "decode")]
     assert [0.0, 1.0, 4.0] == xs.tolist()
-    spec = builtin_model("llama-2-70b")
-    # the table answers for the profiled key only; 2 prompts of 64 cost more than 1
-    spec = type(spec)(**{**{f: getattr(spec, f) for f in spec.__dataclass_fields__}, "name": "tiny-llama"})
+    # the table is keyed by model name: any spec named tiny-llama reads it; 2 prompts of 64 cost more than 1
+    spec = dataclasses.replace(builtin_model("llama-2-70b"), name="tiny-llama")
     one = perf.layer_time_s(cat.config("1xL4"), spec, Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=64, output_tokens=0))
     two = perf.layer_time_s(cat.config("1xL4"), spec, Shape(phase=Phase.PREFILL, batch=2, prompt_tokens=64, output_tokens=0))
     assert 0 < one < two < 1.0

@@ -7,24 +7,61 @@ of ``m`` by weighted round-robin in proportion to its throughput and, if it is a
 prefill-only instance, a decode instance (same region first, same WRR); the schedulers
 then move the KV cache between their nodes themselves. Tokens come back as
 :class:`TokenOut` messages and are put on the request's queue, read by the HTTP thread.
+
+Routing decisions are the shared pure policies of :mod:`coral.policy` (smooth WRR,
+``choose_decode``, the instance :class:`~coral.policy.Lifecycle`), the same the simulator
+runs. Faults: schedulers heartbeat the coordinator; an instance that reports ``failed`` or
+goes silent leaves the routing table and its requests are resent to another instance
+(prompt + tokens already streamed, so the client sees one uninterrupted answer), at most
+``max_retries`` times, else they end with an explicit error. A restarted coordinator
+rebuilds its registry from the heartbeats (they carry the instance's registration).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from coral.errors import CoralError
-from coral.runtime.protocol import InstanceHello, Shutdown, Submit, TokenOut
-from coral.runtime.routing import InstanceView, WeightedRoundRobin, pick_decode, pick_prefill
+from coral.policy import (
+    Candidate,
+    Lifecycle,
+    LifecycleEvent,
+    WrrState,
+    choose_decode,
+    next_state,
+    wrr_next,
+    wrr_start,
+)
+from coral.runtime.protocol import (
+    Cancel,
+    Drain,
+    Heartbeat,
+    InstanceHello,
+    Shutdown,
+    Submit,
+    TokenOut,
+)
 from coral.runtime.transport import Transport
 
-__all__ = ["Coordinator", "Metrics", "ModelInfo", "RequestError", "RequestHandle"]
+__all__ = [
+    "Coordinator",
+    "InstanceRecord",
+    "InstanceView",
+    "Metrics",
+    "ModelInfo",
+    "RequestError",
+    "RequestHandle",
+    "pick_decode",
+    "pick_prefill",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +90,7 @@ class RequestError(CoralError):
 
 @dataclass(slots=True)
 class RequestHandle:
-    """One accepted request: where its tokens arrive, and its timings."""
+    """One accepted request: where its tokens arrive, its timings, and where it runs now."""
 
     request_id: str
     model: str
@@ -64,6 +101,91 @@ class RequestHandle:
     t_first: float = 0.0
     t_last: float = 0.0
     n_tokens: int = 0
+    # coordinator side (under the coordinator's lock)
+    prompt: tuple[int, ...] = ()
+    max_tokens: int = 0
+    temperature: float = 0.0
+    seed: int = 0
+    eos_ids: tuple[int, ...] = ()
+    decode_instance: str = ""
+    wire_id: str = ""  # the id of the current attempt (retries get a new one)
+    generated: list[int] = field(default_factory=list)
+    retries: int = 0
+    done: bool = False
+    retry_deadline: float = 0.0
+    error_status: int = 500
+
+
+# ------------------------------------------------------------------------- routing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceView:
+    """What routing needs to know about one registered instance."""
+
+    instance_id: str
+    model: str
+    phase: str  # "prefill" | "decode" | "mixed"
+    region: str
+    throughput_tok_per_s: float
+    index: int = 0  # a stable integer id (the policy's Candidate.id)
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("prefill", "decode", "mixed"):
+            raise ValueError(f"phase must be prefill, decode or mixed, got {self.phase!r}")
+        if not self.throughput_tok_per_s > 0:
+            raise ValueError(f"throughput_tok_per_s must be positive, got {self.throughput_tok_per_s}")
+
+
+RouteStates = dict[tuple[int, ...], WrrState]
+
+
+def pick_prefill(instances: Sequence[InstanceView], states: RouteStates) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the instance that runs a request's prefill (phase prefill or mixed), smooth WRR ∝ throughput.
+
+    Args:
+        instances: the model's instances that take new requests.
+        states: WRR state per candidate group (keyed by the group's indices); not modified.
+
+    Returns:
+        (the instance, or None if none is prefill-capable; the updated states).
+    """
+    group = [i for i in instances if i.phase in ("prefill", "mixed")]
+    if not group:
+        return None, states
+    key = tuple(i.index for i in group)
+    i, st = wrr_next(states.get(key) or wrr_start([g.throughput_tok_per_s for g in group]))
+    return group[i], {**states, key: st}
+
+
+def pick_decode(instances: Sequence[InstanceView], region: str, states: RouteStates) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the decode instance for a request prefilled in ``region`` (:func:`coral.policy.choose_decode`).
+
+    Args:
+        instances: the model's instances that take new requests.
+        region: the prefill instance's region.
+        states: WRR state per candidate group; not modified.
+
+    Returns:
+        (a decode-phase instance, or None if there is none; the updated states).
+    """
+    decode = [i for i in instances if i.phase == "decode"]
+    chosen, states = choose_decode([Candidate(id=i.index, region=i.region, weight=i.throughput_tok_per_s) for i in decode], region, states)
+    return next((i for i in decode if i.index == chosen), None), states
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """The coordinator's registry entry of one instance."""
+
+    view: InstanceView
+    address: str
+    state: Lifecycle
+    last_seen: float
+    t_registered: float
+    reported_in_flight: int = 0
+    t_first_request: float = 0.0
+    t_drain: float = 0.0
 
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -143,20 +265,47 @@ class Metrics:
 
 
 class Coordinator:
-    """Registry + router + token dispatch; thread-safe for many HTTP threads."""
+    """Registry + router + token dispatch + fault handling; thread-safe for many HTTP threads."""
 
-    def __init__(self, transport: Transport, models: list[ModelInfo]) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        models: list[ModelInfo],
+        *,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 2.0,
+        max_retries: int = 2,
+        retry_wait_s: float = 30.0,
+    ) -> None:
         """Args:
         transport: the coordinator's inbox (schedulers register and send tokens here).
         models: every model the cluster serves.
+        heartbeat_s: how often to heartbeat the schedulers.
+        heartbeat_timeout_s: a scheduler silent this long is dead; its instance leaves routing.
+        max_retries: how many times a request hit by an instance failure is resent.
+        retry_wait_s: how long a request to retry waits for an instance of its model.
         """
         self.t = transport
         self.models = {m.name: m for m in models}
-        self.instances: dict[str, tuple[InstanceView, str]] = {}  # id -> (view, scheduler address)
-        self._wrr: dict[str, WeightedRoundRobin] = {}
+        self.instances: dict[str, InstanceRecord] = {}
+        self.retired: dict[str, str] = {}  # instance id -> "stopped" | "lost: reason"
+        self.events: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=10_000)
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_retries = max_retries
+        self.retry_wait_s = retry_wait_s
+        self._routes: dict[str, RouteStates] = {}
         self._handles: dict[str, RequestHandle] = {}
-        self._lock = threading.Lock()
+        self._wire: dict[str, RequestHandle] = {}
+        self._parked: list[RequestHandle] = []
+        self._lock = threading.RLock()
         self._ids = itertools.count(1)
+        self._index = itertools.count(1)
+        self._last_beat = 0.0
+        self._demand: dict[tuple[str, str], int] = {}
+        self._demand_t0 = time.monotonic()
+        self.retried = 0
+        self.failed_requests = 0
         self.metrics = Metrics()
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,8 +320,9 @@ class Coordinator:
     def stop(self, shutdown_instances: bool = False) -> None:
         """Stop the loop (and optionally tell every scheduler to shut its instance down)."""
         if shutdown_instances:
-            for _view, addr in list(self.instances.values()):
-                self.t.send(addr, Shutdown(reason="coordinator stopping"))
+            with self._lock:
+                for rec in list(self.instances.values()):
+                    self.t.send(rec.address, Shutdown(reason="coordinator stopping"))
         self.stop_event.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -180,58 +330,195 @@ class Coordinator:
     def run(self, poll_s: float = 0.05) -> None:
         """Serve messages until ``stop_event``."""
         while not self.stop_event.is_set():
-            msg = self.t.recv(poll_s)
-            if msg is None:
-                continue
+            msg = self.t.recv(min(poll_s, self.heartbeat_s))
             try:
-                self.handle(msg)
+                if msg is not None:
+                    self.handle(msg)
+                self.tick()
             except Exception:
                 log.exception("coordinator: failed on %s", type(msg).__name__)
 
     def handle(self, msg: Any) -> None:
         """Handle one message from a scheduler."""
         if isinstance(msg, TokenOut):
-            with self._lock:
-                h = self._handles.get(msg.request_id)
-            if h is not None:
-                h.queue.put(msg)
+            self._on_token(msg)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg)
         elif isinstance(msg, InstanceHello):
             self.register(msg)
         else:
             log.warning("coordinator: ignored unexpected %s", type(msg).__name__)
 
+    def tick(self, now: float | None = None) -> None:
+        """Periodic work: heartbeats out, dead instances out, parked retries, finished drains."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if now - self._last_beat >= self.heartbeat_s:
+                self._last_beat = now
+                beat = Heartbeat(sender=self.t.address, role="coordinator")
+                for rec in self.instances.values():
+                    self.t.send(rec.address, beat)
+            for iid, rec in list(self.instances.items()):
+                if now - rec.last_seen > self.heartbeat_timeout_s:
+                    self._lost(iid, f"no heartbeat for {now - rec.last_seen:.1f} s")
+            if self._parked:
+                parked, self._parked = self._parked, []
+                for h in parked:
+                    if h.done:
+                        continue
+                    if not self._dispatch(h) and not h.done:
+                        if now > h.retry_deadline:
+                            self._give_up(h, f"no instance of model {h.model!r} to retry on within {self.retry_wait_s:.0f} s")
+                        else:
+                            self._parked.append(h)
+            for iid, rec in list(self.instances.items()):
+                if rec.state is Lifecycle.DRAINING and rec.reported_in_flight == 0 and self._load(iid) == 0:
+                    rec.state = next_state(rec.state, LifecycleEvent.IDLE, in_flight=0)
+                    self.t.send(rec.address, Shutdown(reason="drained"))
+                    del self.instances[iid]
+                    self.retired[iid] = "stopped"
+                    self._event(iid, "stopped")
+
+    def _event(self, iid: str, what: str) -> None:
+        self.events.append((time.monotonic(), iid, what))
+        log.info("coordinator: instance %s %s", iid, what)
+
     # --------------------------------------------------------------- registry
 
-    def register(self, msg: InstanceHello) -> None:
+    def register(self, msg: InstanceHello, state: Lifecycle = Lifecycle.ACTIVE) -> None:
         """Add (or refresh) an instance in the routing table.
+
+        Args:
+            msg: the instance's registration.
+            state: ACTIVE for a new instance; DRAINING when a restarted coordinator learns
+                of one that was draining.
 
         Raises:
             ValueError: for an instance of a model the coordinator does not serve.
         """
         if msg.model not in self.models:
             raise ValueError(f"instance {msg.instance_id} serves unknown model {msg.model!r}")
-        view = InstanceView(
-            instance_id=msg.instance_id, model=msg.model, phase=msg.phase, region=msg.region,
-            throughput_tok_per_s=msg.throughput_tok_per_s,
-        )  # fmt: skip
         with self._lock:
-            self.instances[msg.instance_id] = (view, msg.address)
-            mine = {v.instance_id: v.throughput_tok_per_s for v, _ in self.instances.values() if v.model == msg.model}
-            self._wrr[msg.model] = WeightedRoundRobin(mine)
-        log.info("coordinator: instance %s (%s, %s) ready", msg.instance_id, msg.model, msg.phase)
+            if msg.instance_id in self.retired:
+                self.t.send(msg.address, Shutdown(reason="instance retired"))
+                return
+            now = time.monotonic()
+            rec = self.instances.get(msg.instance_id)
+            if rec is not None:
+                rec.last_seen = now
+                return
+            view = InstanceView(
+                instance_id=msg.instance_id, model=msg.model, phase=msg.phase, region=msg.region,
+                throughput_tok_per_s=msg.throughput_tok_per_s, index=next(self._index),
+            )  # fmt: skip
+            if state is Lifecycle.ACTIVE:
+                state = next_state(Lifecycle.STARTING, LifecycleEvent.READY, in_flight=0)
+            self.instances[msg.instance_id] = InstanceRecord(view=view, address=msg.address, state=state, last_seen=now, t_registered=now)
+            self._event(msg.instance_id, "ready" if state is Lifecycle.ACTIVE else "re-registered draining")
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        if msg.role != "scheduler":
+            return
+        with self._lock:
+            rec = self.instances.get(msg.instance_id)
+            if msg.state == "failed":
+                if rec is not None:
+                    self._lost(msg.instance_id, msg.reason or "instance reported failed")
+                return
+            if rec is None:
+                if msg.instance_id in self.retired:
+                    self.t.send(msg.sender, Shutdown(reason="instance retired"))
+                elif msg.hello is not None and msg.state in ("active", "draining") and msg.hello.model in self.models:
+                    # a restarted coordinator: rebuild the registry from the instances' heartbeats
+                    self.register(msg.hello, Lifecycle.DRAINING if msg.state == "draining" else Lifecycle.ACTIVE)
+                    rec = self.instances.get(msg.instance_id)
+                if rec is None:
+                    return
+            rec.last_seen = time.monotonic()
+            rec.reported_in_flight = msg.in_flight
+
+    def _lost(self, iid: str, reason: str) -> None:
+        """An instance died: out of routing, its requests resent elsewhere (lock held)."""
+        rec = self.instances.pop(iid, None)
+        if rec is None:
+            return
+        self.retired[iid] = f"lost: {reason}"
+        self._event(iid, f"lost ({reason})")
+        for h in [h for h in self._wire.values() if iid in (h.instance_id, h.decode_instance)]:
+            self._retry(h, f"instance {iid} failed: {reason}")
+        forget = getattr(self.t, "forget", None)
+        if forget is not None:
+            forget(rec.address)  # the peer is gone: do not queue messages for it any more
+
+    def drain(self, iid: str, reason: str = "removed from the plan") -> bool:
+        """Stop routing new requests to an instance; it is shut down once it holds none.
+
+        Returns:
+            False if no such registered instance.
+        """
+        with self._lock:
+            rec = self.instances.get(iid)
+            if rec is None:
+                return False
+            if rec.state is Lifecycle.ACTIVE:
+                # the policy would stop an idle instance at once; we still wait for the
+                # scheduler's own count (a request may be on its way) - see tick()
+                rec.state = Lifecycle.DRAINING
+                rec.t_drain = time.monotonic()
+                self.t.send(rec.address, Drain(reason=reason))
+                self._event(iid, "draining")
+            return True
+
+    def _load(self, iid: str) -> int:
+        return sum(1 for h in self._wire.values() if iid in (h.instance_id, h.decode_instance))
+
+    def loads(self) -> dict[str, int]:
+        """instance id -> requests it holds now (as the coordinator counts them)."""
+        with self._lock:
+            out = dict.fromkeys(self.instances, 0)
+            for h in self._wire.values():
+                for iid in {h.instance_id, h.decode_instance}:
+                    if iid in out:
+                        out[iid] += 1
+            return out
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every registered instance: id, model, phase, region, state, load, address."""
+        loads = self.loads()
+        with self._lock:
+            return [
+                {"id": iid, "model": r.view.model, "phase": r.view.phase, "region": r.view.region, "state": str(r.state),
+                 "load": loads.get(iid, 0), "address": r.address}
+                for iid, r in sorted(self.instances.items())
+            ]  # fmt: skip
 
     def ready_counts(self) -> dict[str, int]:
-        """model -> number of registered instances."""
+        """model -> number of registered instances taking traffic."""
         with self._lock:
             out = dict.fromkeys(self.models, 0)
-            for v, _ in self.instances.values():
-                out[v.model] += 1
+            for r in self.instances.values():
+                if r.state is Lifecycle.ACTIVE:
+                    out[r.view.model] += 1
             return out
 
     def can_serve(self, model: str) -> bool:
-        """Whether ``model`` has a registered prefill-capable instance."""
+        """Whether ``model`` has an active prefill-capable instance."""
         with self._lock:
-            return any(v.model == model and v.phase != "decode" for v, _ in self.instances.values())
+            return any(r.view.model == model and r.view.phase != "decode" and r.state is Lifecycle.ACTIVE for r in self.instances.values())
+
+    def observe_demand(self) -> dict[str, dict[str, float]]:
+        """Tokens/s per model and phase since the last call (prefill: prompt tokens; decode: generated).
+
+        Returns:
+            model -> {"prefill": tok/s, "decode": tok/s} for every served model.
+        """
+        with self._lock:
+            now = time.monotonic()
+            dt = max(1e-9, now - self._demand_t0)
+            out = {m: {"prefill": self._demand.get((m, "prefill"), 0) / dt, "decode": self._demand.get((m, "decode"), 0) / dt} for m in self.models}
+            self._demand.clear()
+            self._demand_t0 = now
+            return out
 
     # --------------------------------------------------------------- requests
 
@@ -247,7 +534,7 @@ class Coordinator:
             raise RequestError(404, f"The model {model!r} does not exist; served models: {served}", "model", "model_not_found")
         return info
 
-    def submit(self, model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None) -> RequestHandle:
+    def submit(self, model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None, ignore_eos: bool = False) -> RequestHandle:
         """Validate, route and send one request.
 
         Args:
@@ -256,6 +543,7 @@ class Coordinator:
             max_tokens: tokens to generate at most.
             temperature: 0 = greedy.
             seed: sampling seed (None = derived from the request id).
+            ignore_eos: generate ``max_tokens`` tokens even past an end-of-sequence token.
 
         Returns:
             The handle whose queue receives the tokens; call :meth:`close` when done.
@@ -274,23 +562,90 @@ class Coordinator:
         if bad:
             raise RequestError(400, f"token id {bad[0]} outside the model's vocabulary [0, {info.vocab_size})", "prompt")
         with self._lock:
-            views = [v for v, _ in self.instances.values() if v.model == model]
-            addr = {v.instance_id: a for v, a in self.instances.values()}
-            wrr = self._wrr.get(model)
-            pre = pick_prefill(views, wrr) if wrr else None
-            if pre is None:
-                raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
-            dec = pick_decode(views, pre.region, wrr) if pre.phase == "prefill" and wrr else None
             rid = f"req-{next(self._ids)}"
-            h = RequestHandle(request_id=rid, model=model, prompt_len=len(prompt), queue=queue.Queue(), t_start=time.perf_counter(), instance_id=pre.instance_id)
+            h = RequestHandle(
+                request_id=rid, model=model, prompt_len=len(prompt), queue=queue.Queue(), t_start=time.perf_counter(),
+                instance_id="", prompt=tuple(prompt), max_tokens=max_tokens, temperature=temperature,
+                seed=seed if seed is not None else next(self._ids), eos_ids=() if ignore_eos else info.eos_ids,
+            )  # fmt: skip
+            if not self._dispatch(h):
+                raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
             self._handles[rid] = h
-        sub = Submit(
-            request_id=rid, prompt=tuple(prompt), max_tokens=max_tokens, temperature=temperature,
-            seed=seed if seed is not None else next(self._ids), eos_ids=info.eos_ids, reply_to=self.t.address,
-            decode_to=addr[dec.instance_id] if dec is not None else "",
-        )  # fmt: skip
-        self.t.send(addr[pre.instance_id], sub)
+            self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
         return h
+
+    def _dispatch(self, h: RequestHandle) -> bool:
+        """Route and send the request's next attempt (lock held); False if no instance takes it."""
+        views = [r.view for r in self.instances.values() if r.view.model == h.model and r.state is Lifecycle.ACTIVE]
+        states = self._routes.get(h.model, {})
+        pre, states = pick_prefill(views, states)
+        if pre is None:
+            return False
+        dec = None
+        if pre.phase == "prefill":
+            dec, states = pick_decode(views, pre.region, states)
+        self._routes[h.model] = states
+        h.instance_id, h.decode_instance = pre.instance_id, dec.instance_id if dec is not None else ""
+        h.wire_id = h.request_id if h.retries == 0 else f"{h.request_id}.{h.retries}"
+        self._wire[h.wire_id] = h
+        now = time.monotonic()
+        for iid in (pre.instance_id, h.decode_instance):
+            rec = self.instances.get(iid)
+            if rec is not None and not rec.t_first_request:
+                rec.t_first_request = now
+                self._event(iid, "first request")
+        sub = Submit(
+            request_id=h.wire_id, prompt=h.prompt + tuple(h.generated), max_tokens=h.max_tokens - len(h.generated),
+            temperature=h.temperature, seed=h.seed, eos_ids=h.eos_ids, reply_to=self.t.address,
+            decode_to=self.instances[dec.instance_id].address if dec is not None else "",
+        )  # fmt: skip
+        self.t.send(self.instances[pre.instance_id].address, sub)
+        return True
+
+    def _cancel_attempt(self, h: RequestHandle) -> None:
+        """Forget the current attempt and tell its (live) instances to drop it (lock held)."""
+        self._wire.pop(h.wire_id, None)
+        for iid in {h.instance_id, h.decode_instance} - {""}:
+            rec = self.instances.get(iid)
+            if rec is not None:
+                self.t.send(rec.address, Cancel(request_ids=(h.wire_id,)))
+
+    def _retry(self, h: RequestHandle, reason: str) -> None:
+        """Resend a request whose instance failed, or end it with an explicit error (lock held)."""
+        self._cancel_attempt(h)
+        if h.retries >= self.max_retries:
+            self._give_up(h, f"{reason}; gave up after {h.retries} retries")
+            return
+        h.retries += 1
+        self.retried += 1
+        log.warning("coordinator: retrying %s (attempt %d): %s", h.request_id, h.retries + 1, reason)
+        if not self._dispatch(h):
+            h.retry_deadline = time.monotonic() + self.retry_wait_s
+            self._parked.append(h)
+
+    def _give_up(self, h: RequestHandle, reason: str) -> None:
+        h.done = True
+        h.error_status = 503
+        self.failed_requests += 1
+        self._wire.pop(h.wire_id, None)
+        h.queue.put(TokenOut(request_id=h.request_id, tokens=(), finished=True, finish_reason="error", error=reason))
+
+    def _on_token(self, msg: TokenOut) -> None:
+        with self._lock:
+            h = self._wire.get(msg.request_id)
+            if h is None or h.done:
+                return  # a cancelled or superseded attempt
+            if msg.error and msg.retryable:
+                self._retry(h, msg.error)
+                return
+            h.generated.extend(msg.tokens)
+            self._demand[(h.model, "decode")] = self._demand.get((h.model, "decode"), 0) + len(msg.tokens)
+            if msg.finished:
+                h.done = True
+                del self._wire[msg.request_id]
+                if msg.error:
+                    self.failed_requests += 1
+        h.queue.put(msg)
 
     def tokens(self, h: RequestHandle, timeout_s: float) -> Any:
         """Yield each :class:`TokenOut` of a request until it finishes.
@@ -300,7 +655,8 @@ class Coordinator:
             timeout_s: longest wait for the next message.
 
         Raises:
-            RequestError: 504 if a message does not come in time; 500 on an engine error.
+            RequestError: 504 if a message does not come in time; 500 on an engine error;
+                503 when the request's instances failed more than ``max_retries`` times.
         """
         while True:
             try:
@@ -308,7 +664,8 @@ class Coordinator:
             except queue.Empty:
                 raise RequestError(504, f"no token for {timeout_s:.0f} s; request {h.request_id} abandoned", None, "timeout") from None
             if msg.error:
-                raise RequestError(500, f"request {h.request_id} failed: {msg.error}", None, "engine_error")
+                code = "instance_failed" if h.error_status == 503 else "engine_error"
+                raise RequestError(h.error_status, f"request {h.request_id} failed: {msg.error}", None, code)
             now = time.perf_counter()
             if msg.tokens:
                 if h.n_tokens == 0:
@@ -320,7 +677,13 @@ class Coordinator:
                 return
 
     def close(self, h: RequestHandle, status: str) -> None:
-        """Forget a request and account it in the metrics."""
+        """Forget a request and account it in the metrics (an unfinished one is cancelled upstream)."""
         with self._lock:
             self._handles.pop(h.request_id, None)
+            if not h.done:
+                h.done = True
+                self._cancel_attempt(h)
+                if h in self._parked:
+                    self._parked.remove(h)
         self.metrics.finish(h, status)
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -19,6 +20,7 @@ from coral.runtime.protocol import (
     EngineHello,
     ForwardBatch,
     ForwardResult,
+    Heartbeat,
     KvLoaded,
     KvPush,
     KvSend,
@@ -61,6 +63,8 @@ class EngineNode:
         stage: int,
         node_index: int,
         scheduler: str,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 0.0,
     ) -> None:
         """Args:
         transport: this node's inbox.
@@ -69,6 +73,9 @@ class EngineNode:
         stage: this node's stage index.
         node_index: this node's index inside the stage.
         scheduler: the instance scheduler's address.
+        heartbeat_s: how often to tell the scheduler the node is alive.
+        heartbeat_timeout_s: exit when the scheduler has been silent this long (0 = never);
+            a node without its scheduler is useless and would otherwise hold its memory.
         """
         self.t = transport
         self.shard = shard
@@ -86,6 +93,19 @@ class EngineNode:
         self.caches: dict[str, Any] = {}
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._last_beat = 0.0
+        self._scheduler_seen = time.monotonic()
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=len(self.caches)))
+        if self.heartbeat_timeout_s and now - self._scheduler_seen > self.heartbeat_timeout_s:
+            log.warning("engine %s/%d/%d: scheduler silent for %.1f s; exiting", self.instance_id, self.stage, self.node_index, now - self._scheduler_seen)
+            self.stop_event.set()
 
     def hello(self) -> None:
         """Tell the scheduler this node is ready."""
@@ -101,7 +121,8 @@ class EngineNode:
         """Announce the node, then serve messages until :class:`Shutdown` or ``stop_event``."""
         self.hello()
         while not self.stop_event.is_set():
-            msg = self.t.recv(poll_s)
+            msg = self.t.recv(min(poll_s, self.heartbeat_s))
+            self._beat()
             if msg is None:
                 continue
             try:
@@ -125,6 +146,8 @@ class EngineNode:
             self._kv_send(msg)
         elif isinstance(msg, KvPush):
             self._kv_push(msg)
+        elif isinstance(msg, Heartbeat):
+            self._scheduler_seen = time.monotonic()
         elif isinstance(msg, Shutdown):
             return False
         else:

@@ -12,6 +12,14 @@ token (:class:`DecodeAdmit` to the decode scheduler); the decode scheduler picks
 own route and asks every prefill node to push the overlapping layers of the KV cache
 straight to the decode nodes holding them (:class:`KvSend`), then starts decoding once
 every layer is in place.
+
+Lifecycle and faults: the scheduler heartbeats its engines and the coordinator (the
+heartbeat to the coordinator carries the instance's registration, state and load). On
+:class:`Drain` it takes no new request and finishes the ones it holds; the coordinator
+sends :class:`Shutdown` once it is empty. If an engine node goes silent for
+``heartbeat_timeout_s`` the instance has lost a stage: the scheduler reports itself
+``failed``, ends every request it holds with a *retryable* error (the coordinator resends
+them elsewhere), stops its other nodes and exits.
 """
 
 from __future__ import annotations
@@ -24,12 +32,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from coral.policy import SmoothWRR
 from coral.runtime.protocol import (
     BatchItem,
+    Cancel,
     DecodeAdmit,
+    Drain,
     EngineHello,
     ForwardBatch,
     ForwardResult,
+    Heartbeat,
     InstanceHello,
     KvLoaded,
     KvSend,
@@ -40,7 +52,6 @@ from coral.runtime.protocol import (
     Submit,
     TokenOut,
 )
-from coral.runtime.routing import WeightedRoundRobin
 from coral.runtime.transport import Transport
 
 __all__ = ["NodeSlot", "Scheduler"]
@@ -90,6 +101,8 @@ class Scheduler:
         max_batch_requests: int = 64,
         max_batch_tokens: int = 4096,
         kv_timeout_s: float = 30.0,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 2.0,
     ) -> None:
         """Args:
         transport: the scheduler's inbox.
@@ -100,6 +113,8 @@ class Scheduler:
         max_batch_requests: most requests per micro-batch.
         max_batch_tokens: most tokens per micro-batch (a prompt counts whole).
         kv_timeout_s: a decode hand-off whose KV has not arrived by then fails.
+        heartbeat_s: how often to heartbeat the engines and the coordinator.
+        heartbeat_timeout_s: an engine node silent this long is dead (the instance fails).
         """
         self.t = transport
         self.instance_id, self.model, self.phase, self.region = instance_id, model, phase, region
@@ -109,10 +124,9 @@ class Scheduler:
         self.num_stages = 1 + max(n.stage for n in nodes)
         self.num_layers = max(n.layer_end for n in nodes)
         self.addresses: dict[tuple[int, int], str] = {}
-        self.wrr = [
-            WeightedRoundRobin({n.node_index: n.throughput_tok_per_s for n in nodes if n.stage == s})
-            for s in range(self.num_stages)
-        ]
+        # per stage: node indices in order, and the shared policy's smooth WRR over their throughputs
+        self.stage_nodes = [sorted(n.node_index for n in nodes if n.stage == s) for s in range(self.num_stages)]
+        self.wrr = [SmoothWRR([self.slots[(s, k)].throughput_tok_per_s for k in self.stage_nodes[s]]) for s in range(self.num_stages)]
         self.groups = micro_batches or self.num_stages
         self.max_batch_requests = max_batch_requests
         self.max_batch_tokens = max_batch_tokens
@@ -124,8 +138,14 @@ class Scheduler:
         self.busy = [False] * self.groups
         self._batch_ids = itertools.count(1)
         self.ready = False
+        self.draining = False
+        self.failed = ""
         self.stop_event = threading.Event()
         self.completed = 0
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._last_beat = 0.0
+        self._engine_seen: dict[tuple[int, int], float] = {}
 
     # --------------------------------------------------------------- loop
 
@@ -140,6 +160,9 @@ class Scheduler:
                 except Exception:
                     log.exception("scheduler %s: failed on %s", self.instance_id, type(msg).__name__)
             self._check_kv_deadlines()
+            self._heartbeat()
+            if self.failed:
+                break
             self._pump()
 
     def handle(self, msg: Any) -> bool:
@@ -158,6 +181,18 @@ class Scheduler:
             self._on_kv_loaded(msg)
         elif isinstance(msg, EngineHello):
             self._on_hello(msg)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg)
+        elif isinstance(msg, Drain):
+            if not self.draining:
+                log.info("scheduler %s: draining (%d requests held): %s", self.instance_id, len(self.reqs), msg.reason)
+            self.draining = True
+            self._beat_coordinator()
+        elif isinstance(msg, Cancel):
+            for rid in msg.request_ids:
+                r = self.reqs.get(rid)
+                if r is not None:
+                    self._release(r)
         elif isinstance(msg, Shutdown):
             for addr in self.addresses.values():
                 self.t.send(addr, msg)
@@ -165,6 +200,62 @@ class Scheduler:
         else:
             log.warning("scheduler: ignored unexpected %s", type(msg).__name__)
         return True
+
+    # --------------------------------------------------------------- liveness
+
+    @property
+    def state(self) -> str:
+        """Lifecycle state as reported to the coordinator."""
+        if self.failed:
+            return "failed"
+        if not self.ready:
+            return "starting"
+        return "draining" if self.draining else "active"
+
+    def _hello_msg(self) -> InstanceHello:
+        return InstanceHello(
+            instance_id=self.instance_id, model=self.model, phase=self.phase, region=self.region,
+            throughput_tok_per_s=self.throughput, address=self.t.address,
+        )  # fmt: skip
+
+    def _beat_coordinator(self) -> None:
+        if self.coordinator:
+            self.t.send(self.coordinator, Heartbeat(
+                sender=self.t.address, role="scheduler", instance_id=self.instance_id, state=self.state,
+                in_flight=len(self.reqs), hello=self._hello_msg() if self.ready else None, reason=self.failed,
+            ))  # fmt: skip
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        if msg.role != "engine":
+            return  # the coordinator's heartbeat: nothing to do, it is alive
+        for key, addr in self.addresses.items():
+            if addr == msg.sender:
+                self._engine_seen[key] = time.monotonic()
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s:
+            self._last_beat = now
+            beat = Heartbeat(sender=self.t.address, role="scheduler", instance_id=self.instance_id, state=self.state)
+            for addr in self.addresses.values():
+                self.t.send(addr, beat)
+            self._beat_coordinator()
+        if self.heartbeat_timeout_s > 0:
+            dead = [k for k, t in self._engine_seen.items() if now - t > self.heartbeat_timeout_s]
+            if dead:
+                self._instance_failed(f"engine node(s) {', '.join(f'{s}/{i}' for s, i in sorted(dead))} silent for over {self.heartbeat_timeout_s:.1f} s")
+
+    def _instance_failed(self, reason: str) -> None:
+        """A node is gone: report, hand every request back for retry, stop the other nodes."""
+        log.warning("scheduler %s: instance failed: %s", self.instance_id, reason)
+        self.failed = reason
+        self._beat_coordinator()
+        for r in list(self.reqs.values()):
+            self._remove(r)
+            self._finish_error(r.submit, f"instance {self.instance_id} failed: {reason}", retryable=True)
+        for key, addr in self.addresses.items():
+            if key not in self._engine_seen or time.monotonic() - self._engine_seen[key] <= self.heartbeat_timeout_s:
+                self.t.send(addr, Shutdown(reason=f"instance failed: {reason}"))
 
     # --------------------------------------------------------------- registration
 
@@ -174,20 +265,15 @@ class Scheduler:
             log.warning("scheduler %s: unexpected engine %s", self.instance_id, msg)
             return
         self.addresses[(msg.stage, msg.node_index)] = msg.address
+        self._engine_seen[(msg.stage, msg.node_index)] = time.monotonic()
         if not self.ready and len(self.addresses) == len(self.slots):
             self.ready = True
             log.info("scheduler %s: all %d nodes up", self.instance_id, len(self.slots))
             if self.coordinator:
-                self.t.send(
-                    self.coordinator,
-                    InstanceHello(
-                        instance_id=self.instance_id, model=self.model, phase=self.phase, region=self.region,
-                        throughput_tok_per_s=self.throughput, address=self.t.address,
-                    ),
-                )  # fmt: skip
+                self.t.send(self.coordinator, self._hello_msg())
 
     def _pick_route(self) -> tuple[str, ...]:
-        return tuple(self.addresses[(s, int(self.wrr[s].pick()))] for s in range(self.num_stages))  # type: ignore[call-overload]
+        return tuple(self.addresses[(s, self.stage_nodes[s][self.wrr[s].pick()])] for s in range(self.num_stages))
 
     def _stage_layers(self, route: tuple[str, ...]) -> list[tuple[str, int, int]]:
         by_addr = {a: self.slots[k] for k, a in self.addresses.items()}
@@ -202,6 +288,10 @@ class Scheduler:
         if not sub.prompt:
             self._finish_error(sub, "empty prompt")
             return
+        if self.draining:
+            # routed here just before the drain (cannot happen with one coordinator): retry elsewhere
+            self._finish_error(sub, f"instance {self.instance_id} is {self.state}", retryable=True)
+            return
         r = _Req(submit=sub, pending=sub.prompt)
         self.reqs[sub.request_id] = r
         self.waiting.append(sub.request_id)
@@ -209,7 +299,7 @@ class Scheduler:
     def _on_decode_admit(self, msg: DecodeAdmit) -> None:
         sub = msg.submit
         if sub.request_id in self.reqs or not self.ready or not msg.generated:
-            self._finish_error(sub, "decode instance cannot take the request")
+            self._finish_error(sub, "decode instance cannot take the request", retryable=True)
             for src in msg.sources:
                 self.t.send(src.address, Release(request_ids=(sub.request_id,)))
             return
@@ -346,5 +436,5 @@ class Scheduler:
         self._release(r)
         self._finish_error(r.submit, error)
 
-    def _finish_error(self, sub: Submit, error: str) -> None:
-        self.t.send(sub.reply_to, TokenOut(request_id=sub.request_id, tokens=(), finished=True, finish_reason="error", error=error))
+    def _finish_error(self, sub: Submit, error: str, retryable: bool = False) -> None:
+        self.t.send(sub.reply_to, TokenOut(request_id=sub.request_id, tokens=(), finished=True, finish_reason="error", error=error, retryable=retryable))

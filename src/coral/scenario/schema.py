@@ -78,6 +78,12 @@ class PlannerEntry(_Strict):
     n_max: int = Field(6, ge=1, le=8, description="Most nodes in one template.")
     rho: float = Field(12.0, ge=1, allow_inf_nan=False, description="Templates may hold at most rho x the model's weight bytes of GPU memory.")
     target_utilization: float = Field(0.8, gt=0, le=1, description="Plan capacity = demand / target_utilization.")
+    ttft_headroom: float = Field(0.5, gt=0, le=1, description=(
+        "Prefill templates must reach TTFT within this share of the SLO, leaving the rest for queueing "
+        "(a template at 100 % of the SLO misses it as soon as one request waits)."))
+    tpot_headroom: float = Field(1.0, gt=0, le=1, description=(
+        "Decode templates must deliver one token per sequence within this share of the TPOT SLO "
+        "(their steady-state cadence with all micro-batches in flight is checked against it)."))
     init_s: float = Field(120.0, ge=0, allow_inf_nan=False, description="Startup time of a new instance (loading weights), s.")
     epoch_s: float = Field(360.0, gt=0, allow_inf_nan=False, description="Re-planning period, s.")
     batch_grid: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128], description=(

@@ -28,6 +28,7 @@ _FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH = range(7)
 # Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
 # that the performance model is asked once per (node, batch, context bucket), not once a step.
 CTX_GRID_TOK = 16
+PREFILL_MAX_PROMPTS = 256  # most prompts one prefill micro-batch takes, however short
 
 # Request status codes (see result.STATUS_NAMES).
 _WAITING, _PREFILL, _DECODE, _DONE, _FAILED = range(5)
@@ -65,7 +66,7 @@ class _Batch:
 
 class _Instance:
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "max_lanes", "midx", "phase", "queue", "ready_s",
-                 "region", "retiring", "spec", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s",
+                 "region", "retiring", "spec", "token_budget", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s",
                  "weight")
 
     def __init__(self, iid: int, spec: InstanceSpec, midx: int, start_s: float, ready_s: float,
@@ -83,6 +84,7 @@ class _Instance:
         self.stop_s = math.inf
         self.state = Lifecycle.STARTING
         self.retiring = False  # removed by a plan, serving until its replacements are ready
+        self.token_budget = math.inf  # prefill: prompt tokens per micro-batch (set in start_instance)
         self.held = 0  # requests queued, running, or whose KV is on the way here
         self.stages: list[list[_Node]] = []
         self.stage_layers: list[int] = []
@@ -105,6 +107,7 @@ class _Instance:
 class _Sim:
     def __init__(self, scenario: object, traces: Mapping[str, Trace], *, duration_s: float, epoch_s: float,
                  init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None) -> None:
+        self.prefill_batching = "tokens"
         if not duration_s > 0:
             raise CoralError(f"duration_s must be > 0, got {duration_s}")
         if not epoch_s > 0:
@@ -238,6 +241,10 @@ class _Sim:
         served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
         shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, served.prompt_tokens_mean),
                       output_tokens=served.output_tokens_mean)
+        # Prefill batches by tokens, as serving engines do (a max-batched-tokens budget): the
+        # template's micro-batch holds b prompts of the mean length, so that many tokens.
+        if self.prefill_batching == "tokens":
+            inst.token_budget = inst.b * max(1.0, served.prompt_tokens_mean)
         last = len(inst.stages) - 1
         for s, nodes in enumerate(inst.stages):
             if len(nodes) > 1:  # WRR ∝ node throughput u/τ_k at the template's nominal shape
@@ -315,7 +322,9 @@ class _Sim:
             rids = lane.rids
             rids.clear()
             total = 0
-            for _ in range(min(inst.b, len(queue))):
+            budget = inst.token_budget
+            most = PREFILL_MAX_PROMPTS if budget != math.inf else inst.b
+            while queue and len(rids) < most and (not rids or total + self.r_prompt[queue[0]] <= budget):
                 rid = queue.popleft()
                 rids[rid] = None
                 total += self.r_prompt[rid]
@@ -585,7 +594,7 @@ class _Sim:
 
 def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
-             progress: ProgressFn | None = None) -> SimResult:
+             progress: ProgressFn | None = None, prefill_batching: str = "tokens") -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -603,6 +612,9 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         seed: recorded in the summary; the run itself is deterministic given its inputs (the
             traces carry the randomness).
         progress: called with (now_s, duration_s) after every epoch boundary.
+        prefill_batching: "tokens" (default): a prefill micro-batch takes queued prompts up to the
+            template's token budget `b·P̄` (at least one prompt), as engines' max-batched-tokens
+            does; "requests": up to `b` prompts whatever their lengths.
 
     Returns:
         The run's `SimResult`.
@@ -611,8 +623,11 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         CoralError: bad durations, a trace or instance for a model the scenario lacks, or an
             instance in a region without a price for one of its nodes.
     """
+    if prefill_batching not in ("tokens", "requests"):
+        raise CoralError(f"prefill_batching must be 'tokens' or 'requests', got {prefill_batching!r}")
     sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
                replan=replan, progress=progress)
+    sim.prefill_batching = prefill_batching
     for spec in initial:
         sim.start_instance(spec, 0.0, 0.0)
     return sim.run()

@@ -325,6 +325,8 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
               models: Sequence[str] | None = None, phases: Sequence[Phase] | None = None) -> list[TemplateSpec]:
     """One TemplateSpec per (model, phase) of a resolved scenario."""
     planner = scenario.planner
+    # The templates' latency budget: the SLO less the headroom left for queueing.
+    headroom = {Phase.PREFILL: planner.ttft_headroom, Phase.DECODE: planner.tpot_headroom}
     out = []
     for m in scenario.models:
         if models and m.name not in models:
@@ -332,7 +334,7 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
         for phase in phases or (Phase.PREFILL, Phase.DECODE):
             batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
             out.append(TemplateSpec(
-                model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), prompt_tokens=m.prompt_tokens_mean,
+                model=m.spec, phase=phase, slo_ms=m.slo_ms(phase) * headroom[phase], prompt_tokens=m.prompt_tokens_mean,
                 output_tokens=m.output_tokens_mean, configs=scenario.configs, n_max=n_max or planner.n_max,
                 rho=rho or planner.rho, batches=batches or (1,)))
     return out
