@@ -24,7 +24,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(if $(FULL),--full,) $(if $(QUICK),--quick,)
 
 calibrate: $(STAMP)
 	$(BIN)/coral calibrate

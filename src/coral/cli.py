@@ -567,6 +567,37 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
     console.print(t)
 
 
+@templates.command("figure")
+@click.option("--scenario", "scenario_name", default="extended", show_default=True)
+@click.option("--model", default="qwen3-235b-a22b", show_default=True)
+@click.option("--phase", type=click.Choice(["prefill", "decode"]), default="prefill", show_default=True)
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True)
+@click.option("--region", default=None, help="Price templates in this region (default: the scenario's first).")
+@click.option("--n-max", type=click.IntRange(1, 8), default=None, help="Override the scenario's n_max.")
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--out", type=click.Path(file_okay=False), default="runs/fig1", show_default=True)
+@_json_opt
+def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, region: str | None, n_max: int | None,
+                     jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
+    """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
+    and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from coral.experiments.motivation import motivation
+
+    with Progress(TextColumn("templates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task("t", total=None)
+        result = motivation(scenario=scenario_name, model=model, phase=phase, slo_ms=slo_ms, region=region, n_max=n_max,
+                            jobs=jobs, cache_dir=_cache_dir(cache_dir, False), out=Path(out),
+                            step=lambda spec, done, total: bar.update(task, completed=done, total=total))
+    if as_json:
+        return _emit_json({k: v for k, v in result.items() if k != "spectrum"})
+    console.print((Path(out) / "figure.md").read_text())
+    console.print(f"figures written to {out}/")
+
+
 # --- plan / simulate ----------------------------------------------------------------------------
 
 _scenario_opt = click.option("--scenario", "scenario_name", required=True, help="Built-in scenario name or YAML path.")
@@ -735,12 +766,18 @@ def demo() -> None:
 
 
 def _register_optional() -> None:
-    """Commands whose modules may need optional extras are added only when importable."""
+    """Commands whose modules need the runtime extra (torch, zmq) are added only when importable;
+    their heavy imports happen when they run."""
     try:
         from coral.runtime.cli import serve
     except ImportError:
         return
     main.add_command(serve)
+    try:
+        from coral.experiments.profile_cmd import profile
+    except ImportError:
+        return
+    main.add_command(profile)
 
 
 _register_optional()

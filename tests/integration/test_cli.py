@@ -70,3 +70,14 @@ def test_templates_solve_json_and_infeasible():
 def test_scenario_show_json():
     out = json.loads(run("scenario", "show", "core", "--json").output)
     assert [m["name"] for m in out["models"]] == ["qwen3-32b", "gpt-oss-20b", "phi-4"]
+
+
+def test_templates_figure(tmp_path):
+    out = tmp_path / "fig"
+    r = run("templates", "figure", "--n-max", "2", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["templates"] == data["homogeneous"] + data["heterogeneous"] > 0
+    assert (out / "fig1a_per_usd.png").stat().st_size > 0 and (out / "fig1b_spectrum.png").stat().st_size > 0
+    assert data["best"]["tok_per_s_per_usd"] >= max(
+        [v["tok_per_s_per_usd"] for v in data["best_homogeneous_h100"].values()], default=0)

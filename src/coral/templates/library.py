@@ -119,7 +119,7 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     Cheap bounds skip `(S, b)` pairs that cannot win: throughput ≤ `Σ_k u/(t_k·L)` (every layer
     runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs `Σ_k cap_k ≥ L`.
     """
-    local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot curves across depths
+    local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
 
     def exact(problem: PlacementProblem, floor_: float) -> Placement | None:
         return solve_exact(problem, floor_, timings.curves, local.setdefault(problem.batch, {}))

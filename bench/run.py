@@ -1,0 +1,259 @@
+"""`make bench`: speed and accuracy targets, measured side by side in one run, printed as a table.
+
+Sections (each can be picked with --only): calibration (perf model vs Helix's measurements),
+exact (exact search vs the placement ILP on the same seeded cases), library (template library
+build time and peak memory), allocator (plan solve time and cost ratios on the real libraries),
+sim (simulator throughput), runtime (router overhead, pipeline vs single process).
+
+Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--full` adds
+the extended library build (tens of minutes) and the long variants of the helper benches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROWS: list[dict[str, Any]] = []
+
+
+def row(section: str, name: str, value: Any, target: str = "", ok: bool | None = None, note: str = "") -> None:
+    ROWS.append({"section": section, "name": name, "value": value, "target": target, "ok": ok, "note": note})
+    mark = "" if ok is None else ("ok" if ok else "MISSED")
+    print(f"  {name:58s} {_fmt(value):>14s}  {target:18s} {mark:6s} {note}", flush=True)
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return str(v)
+
+
+def bench_calibration(quick: bool) -> None:
+    from coral.catalog import builtin_catalog, builtin_model
+    from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
+    from coral.workload_data import shared_data_dir
+
+    points = load_helix_profiles(shared_data_dir() / "profiles" / "helix_llama2_70b", builtin_catalog())
+    _, rows = calibrate(builtin_model("llama-2-70b"), points)
+    s = summarize(rows)
+    row("calibration", "median |error|, Helix points (>=250 tok / batch>=8)", s["median_abs_error"], "<= 0.20",
+        s["median_abs_error"] <= 0.20, f"{s['counted_points']:.0f} points")
+    row("calibration", "p90 |error|", s["p90_abs_error"])
+    row("calibration", "leave-one-GPU-out median |error|", s["loo_median_abs_error"], "", None,
+        "unmeasured GPUs use the other GPUs' median fit")
+
+
+def _random_problems(n: int, seed: int) -> list[Any]:
+    from coral.catalog import builtin_model
+    from coral.perf import Phase
+    from coral.scenario import load_scenario
+    from coral.templates.library import _Timings, specs_for
+
+    scenario = load_scenario("extended")
+    rng = random.Random(seed)
+    by_model = {}
+    out = []
+    for spec in specs_for(scenario):
+        by_model[(spec.model.name, spec.phase)] = spec
+    keys = sorted(by_model, key=lambda k: (k[0], k[1].value))
+    while len(out) < n:
+        spec = by_model[rng.choice(keys)]
+        timings = by_model.setdefault(("_t", spec.model.name, spec.phase), _Timings(scenario.perf, spec))
+        k = rng.randint(2, 6)
+        mem = 0.0
+        names: list[str] = []
+        while len(names) < k or mem < spec.model.weights_bytes:
+            c = rng.choice(spec.configs)
+            names.append(c.name)
+            mem += c.memory_bytes
+            if len(names) > 6:
+                break
+        if len(names) > 6:
+            continue
+        names.sort()
+        stages = rng.randint(1, len(names))
+        batch = rng.choice(spec.batches)
+        out.append((spec, timings, tuple(names), stages, batch))
+    del builtin_model, Phase
+    return out
+
+
+def bench_exact(quick: bool) -> None:
+    from coral.solver import SolveOptions
+    from coral.templates.exact import solve_exact
+    from coral.templates.ilp import solve_placement_ilp
+    from coral.templates.library import solve_multiset
+
+    n_sub, n_whole, limit = (20, 3, 30.0) if quick else (100, 10, 120.0)
+    opts = SolveOptions(backend="cpsat", time_limit_s=limit, mip_gap=1e-9)
+    agree = worst = 0.0
+    t_exact = t_ilp = 0.0
+    n_agree = n_proved = 0
+    for spec, timings, nodes, stages, batch in _random_problems(n_sub, 7):
+        p = timings.problem(nodes, stages, batch)
+        t0 = time.perf_counter()
+        a = solve_exact(p)
+        t1 = time.perf_counter()
+        b, res = solve_placement_ilp(p, opts)
+        t2 = time.perf_counter()
+        t_exact += t1 - t0
+        t_ilp += t2 - t1
+        proved = res.status.value in ("optimal", "infeasible")
+        n_proved += proved
+        if (a is None) == (b is None) and (a is None or abs(a.throughput_tok_per_s / b.throughput_tok_per_s - 1) <= 1e-6):
+            n_agree += 1
+        elif a is not None and b is not None:
+            worst = max(worst, abs(a.throughput_tok_per_s / b.throughput_tok_per_s - 1))
+    del agree
+    row("exact", f"fixed-(S,b) sub-problems: exact == ILP (rel 1e-6)", f"{n_agree}/{n_sub}", "all", n_agree == n_sub,
+        f"ILP proved {n_proved}/{n_sub} within {limit:g} s; worst diff {worst:.2g}")
+    row("exact", "  speed: ILP time / exact time", t_ilp / max(t_exact, 1e-9), ">= 100x", t_ilp / max(t_exact, 1e-9) >= 100,
+        f"exact {t_exact:.2f} s, ILP {t_ilp:.1f} s")
+
+    # whole templates: best over every S and b, ILP per (S, b) as the reference
+    n_agree = 0
+    t_exact = t_ilp = 0.0
+    for spec, timings, nodes, _, _ in _random_problems(n_whole, 11):
+        t0 = time.perf_counter()
+        a = solve_multiset(timings, nodes)
+        t1 = time.perf_counter()
+
+        def ilp(problem: Any, floor: float) -> Any:
+            got, _ = solve_placement_ilp(problem, opts)
+            return got if got is not None and got.throughput_tok_per_s > floor else None
+
+        b = solve_multiset(timings, nodes, solver=ilp)
+        t2 = time.perf_counter()
+        t_exact += t1 - t0
+        t_ilp += t2 - t1
+        if (a is None) == (b is None) and (a is None or abs(a.throughput_tok_per_s / b.throughput_tok_per_s - 1) <= 1e-6):
+            n_agree += 1
+    row("exact", "whole templates (all S, b): exact == ILP", f"{n_agree}/{n_whole}", "all", n_agree == n_whole)
+    row("exact", "  speed: ILP time / exact time", t_ilp / max(t_exact, 1e-9), ">= 100x", t_ilp / max(t_exact, 1e-9) >= 100,
+        f"exact {t_exact:.2f} s, ILP {t_ilp:.1f} s")
+
+
+def _peak_children_gib() -> float:
+    return max(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 2**20
+
+
+def bench_library(quick: bool, full: bool) -> None:
+    from coral.scenario import load_scenario
+    from coral.templates.library import build_library
+
+    setups = [("core", 60.0)] + ([("extended", 900.0)] if full else [])
+    for name, target in setups:
+        with tempfile.TemporaryDirectory() as tmp:
+            s = load_scenario(name)
+            t0 = time.perf_counter()
+            lib = build_library(s, jobs=2, cache_dir=Path(tmp))
+            wall = time.perf_counter() - t0
+            tried = sum(st.memory_ok for st in lib.stats)
+            row("library", f"{name} library build, 2 jobs, cold cache (s)", wall, f"<= {target:g}", wall <= target,
+                f"{tried:,} multisets, {len(lib.templates):,} templates")
+            t0 = time.perf_counter()
+            build_library(s, jobs=2, cache_dir=Path(tmp))
+            row("library", f"{name} rebuild with unchanged inputs (s)", time.perf_counter() - t0, "solves nothing")
+    peak = _peak_children_gib()
+    row("library", "peak memory (GiB, any process)", peak, "<= 4", peak <= 4)
+
+
+def bench_allocator(quick: bool) -> None:
+    from coral.experiments.pipeline import plan, prepare
+    from coral.scenario import load_scenario
+    from coral.templates.library import default_cache_dir, specs_for
+
+    for name in ("core", "extended"):
+        s = load_scenario(name)
+        cached = all(list(default_cache_dir().glob(f"{sp.model.name}-{sp.phase.value}-{sp.cache_key(s.perf)}.jsonl"))
+                     for sp in specs_for(s))
+        if not cached and name == "extended":
+            row("allocator", "extended: library not cached", "skipped", "", None,
+                "run `coral templates build --scenario extended --jobs 2` first (or make bench FULL=1)")
+            continue
+        for avail, target in (("abundant", 2.0), ("tight", 10.0)):
+            setup = prepare(s, availability=avail, jobs=2)
+            times, costs = [], {}
+            for method in ("coral", "homo", "cauchy", "template-greedy"):
+                reps = 3 if method == "coral" else 1
+                for _ in range(reps):
+                    p = plan(setup, method)
+                    if method == "coral":
+                        times.append(p.solve_s)
+                costs[method] = (p.cost_usd_per_h, p.alpha)
+                if method == "coral":
+                    gap = p.gap
+            med = statistics.median(times)
+            row("allocator", f"{name}/{avail}: coral median solve (s)", med, f"<= {target:g}", med <= target,
+                f"gap {gap if gap is not None else 'n/a'}")
+            c = costs["coral"][0]
+            for m in ("homo", "cauchy", "template-greedy"):
+                cost, alpha = costs[m]
+                row("allocator", f"{name}/{avail}: {m} cost / coral cost", cost / c if c else float("nan"), "", None,
+                    f"{m} ${cost:.2f}/h alpha {alpha:.3g} vs coral ${c:.2f}/h alpha {costs['coral'][1]:.3g}")
+
+
+def bench_helper(section: str, module: str, quick: bool) -> None:
+    import importlib
+
+    mod = importlib.import_module(module)
+    t0 = time.perf_counter()
+    rows = mod.run(quick)
+    for r in rows:
+        name = r.pop("name", None) or r.pop("case", None) or r.pop("figure", None) or ""
+        row(section, str(name)[:58], "", "", None, json.dumps(r, default=lambda x: round(x, 4) if isinstance(x, float) else str(x))[:200])
+    row(section, f"{module} wall (s)", time.perf_counter() - t0)
+
+
+SECTIONS = ("calibration", "exact", "library", "allocator", "sim", "runtime")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer cases, shorter runs")
+    ap.add_argument("--full", action="store_true", help="also the extended library build and long helper benches")
+    ap.add_argument("--only", nargs="*", choices=SECTIONS, help="run only these sections")
+    ap.add_argument("--json", type=Path, help="also write the rows here")
+    args = ap.parse_args()
+    pick = set(args.only or SECTIONS)
+    t0 = time.perf_counter()
+    print(f"{'':2s}{'measure':58s} {'value':>14s}  {'target':18s} {'':6s} note")
+    for section in SECTIONS:
+        if section not in pick:
+            continue
+        print(f"[{section}]", flush=True)
+        try:
+            if section == "calibration":
+                bench_calibration(args.quick)
+            elif section == "exact":
+                bench_exact(args.quick)
+            elif section == "library":
+                bench_library(args.quick, args.full)
+            elif section == "allocator":
+                bench_allocator(args.quick)
+            elif section == "sim":
+                bench_helper("sim", "sim_bench", args.quick or not args.full)
+            elif section == "runtime":
+                bench_helper("runtime", "runtime_bench", args.quick or not args.full)
+        except Exception as exc:  # a broken section must not hide the others' figures
+            row(section, "FAILED", type(exc).__name__, "", False, str(exc)[:150])
+    missed = [r for r in ROWS if r["ok"] is False]
+    print(f"\n{len(ROWS)} rows in {time.perf_counter() - t0:.0f} s; {len(missed)} targets missed"
+          + (": " + "; ".join(r["name"].strip() for r in missed) if missed else ""))
+    if args.json:
+        args.json.write_text(json.dumps(ROWS, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""The paper's motivating figures (Fig. 1): heterogeneous vs homogeneous serving templates."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.scenario import load_scenario
+from coral.templates.library import build_library, template_to_dict
+from coral.templates.template import Template
+
+PAPER_FIG1A = {"heterogeneous": 526.0, "homogeneous H100": (481.0, 460.0, 476.0)}  # tok/s per USD
+
+
+def motivation(*, scenario: str = "extended", model: str = "qwen3-235b-a22b", phase: str = "prefill",
+               slo_ms: float = 1800.0, region: str | None = None, n_max: int | None = None, jobs: int = 2,
+               cache_dir: Path | None = None, out: Path,
+               step: Callable[[Any, int, int], None] | None = None) -> dict[str, Any]:
+    """Fig. 1(a): the best template by throughput per $ against the best homogeneous templates of
+    each H100 shape; Fig. 1(b): the throughput spectrum of homogeneous vs heterogeneous templates.
+
+    The templates are built at exactly `slo_ms` (no queueing headroom), as the paper's figure is.
+
+    Returns:
+        The figures' numbers (also written to `out/figure.json` with two PNGs and a Markdown note).
+
+    Raises:
+        CoralError: an unknown scenario, model, phase or region.
+    """
+    ph = Phase(phase) if phase in ("prefill", "decode") else None
+    if ph is None:
+        raise CoralError(f"phase must be 'prefill' or 'decode', got {phase!r}")
+    base = load_scenario(scenario)
+    base.model(model)
+    data = base.source.model_dump()
+    for m in data["models"]:
+        if m["name"] == model:
+            m["ttft_ms" if ph is Phase.PREFILL else "tpot_ms"] = slo_ms
+    planner = {"ttft_headroom": 1.0, "tpot_headroom": 1.0, **({"n_max": n_max} if n_max else {})}
+    s = load_scenario(scenario, {"models": data["models"], "planner": planner})
+    region = region or s.regions[0]
+    if region not in s.regions:
+        from coral.errors import unknown
+
+        raise unknown("region", region, s.regions)
+    lib = build_library(s, jobs=jobs, cache_dir=cache_dir, models=[model], step=step)
+    prices = {c: p for (r, c), p in s.prices.items() if r == region}
+    rows: list[tuple[float, float, Template]] = []
+    for t in lib.of(model, ph):
+        if all(c in prices for c in t.counts):
+            cost = t.price_usd_per_h(prices)
+            rows.append((t.throughput_tok_per_s / cost, cost, t))
+    if not rows:
+        raise CoralError(f"no {model} {phase} template at {slo_ms:g} ms can be priced in {region}")
+    rows.sort(key=lambda r: -r[0])
+    best = rows[0]
+    h100 = {}
+    for per_usd, cost, t in rows:
+        if t.is_homogeneous and t.nodes[0].endswith("xH100"):
+            h100.setdefault(t.nodes[0], (per_usd, cost, t))
+    hetero = [r for r in rows if not r[2].is_homogeneous]
+    homo = [r for r in rows if r[2].is_homogeneous]
+    result = {
+        "scenario": s.name, "model": model, "phase": phase, "slo_ms": slo_ms, "region": region,
+        "templates": len(rows), "homogeneous": len(homo), "heterogeneous": len(hetero),
+        "best": {**template_to_dict(best[2]), "cost_usd_per_h": best[1], "tok_per_s_per_usd": best[0]},
+        "best_heterogeneous": ({**template_to_dict(hetero[0][2]), "cost_usd_per_h": hetero[0][1],
+                                "tok_per_s_per_usd": hetero[0][0]} if hetero else None),
+        "best_homogeneous_h100": {k: {**template_to_dict(v[2]), "cost_usd_per_h": v[1], "tok_per_s_per_usd": v[0]}
+                                  for k, v in sorted(h100.items())},
+        "paper": PAPER_FIG1A,
+        "spectrum": {"homogeneous": sorted(r[2].throughput_tok_per_s for r in homo),
+                     "heterogeneous": sorted(r[2].throughput_tok_per_s for r in hetero)},
+    }
+    _write(out, result)
+    return result
+
+
+def _write(out: Path, result: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        labels, values, colors = [], [], []
+        if result["best_heterogeneous"]:
+            b = result["best_heterogeneous"]
+            labels.append("best hetero\n" + " +\n".join(b["nodes"]))
+            values.append(b["tok_per_s_per_usd"])
+            colors.append("tab:orange")
+        for name, v in result["best_homogeneous_h100"].items():
+            labels.append(f"best homo\n{name}")
+            values.append(v["tok_per_s_per_usd"])
+            colors.append("tab:gray")
+        fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(labels)), 4))
+        ax.bar(range(len(values)), values, color=colors)
+        ax.set_xticks(range(len(values)), labels, fontsize=7)
+        ax.set_ylabel(r"throughput per \$ (tok/s per \$/h)")
+        ax.set_title(f"{result['model']} {result['phase']} at {result['slo_ms']:g} ms ({result['region']})")
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(tmp / "fig1a_per_usd.png", dpi=120)
+        plt.close(fig)
+
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        for y, (kind, color) in enumerate((("homogeneous", "tab:gray"), ("heterogeneous", "tab:orange"))):
+            xs = result["spectrum"][kind]
+            ax.scatter(xs, [y] * len(xs), s=6, alpha=0.4, color=color, label=f"{kind} ({len(xs)})")
+        ax.set_yticks([0, 1], ["homogeneous", "heterogeneous"])
+        ax.set_xscale("log")
+        ax.set_xlabel("template throughput (tok/s)")
+        ax.set_title("throughput spectrum of serving templates")
+        fig.tight_layout()
+        fig.savefig(tmp / "fig1b_spectrum.png", dpi=120)
+        plt.close(fig)
+
+        (tmp / "figure.json").write_text(json.dumps(result, indent=2, default=str))
+        best_h = max((v["tok_per_s_per_usd"] for v in result["best_homogeneous_h100"].values()), default=None)
+        het = result["best_heterogeneous"]
+        lines = [f"# Fig. 1 — {result['model']} {result['phase']} at {result['slo_ms']:g} ms in {result['region']}", "",
+                 f"{result['templates']} templates ({result['homogeneous']} homogeneous, {result['heterogeneous']} heterogeneous).", ""]
+        if het:
+            lines.append(f"Best heterogeneous: {' + '.join(het['nodes'])}, {het['tok_per_s_per_usd']:,.0f} tok/s per $/h "
+                         f"(paper: {PAPER_FIG1A['heterogeneous']:g}).")
+        for name, v in result["best_homogeneous_h100"].items():
+            lines.append(f"Best homogeneous {name}: {' + '.join(v['nodes'])}, {v['tok_per_s_per_usd']:,.0f} tok/s per $/h.")
+        if het and best_h:
+            lines.append(f"\nHeterogeneous / best homogeneous H100: {het['tok_per_s_per_usd'] / best_h:.2f}x "
+                         f"(paper: {526 / 481:.2f}x).")
+        lines += ["", "![Fig. 1(a)](fig1a_per_usd.png)", "", "![Fig. 1(b)](fig1b_spectrum.png)", ""]
+        (tmp / "figure.md").write_text("\n".join(lines))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
