@@ -337,6 +337,20 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     console.print(f"median |error| {summary['median_abs_error']:.1%}, mean {summary['mean_abs_error']:.1%}, "
                   f"p90 {summary['p90_abs_error']:.1%} over {summary['counted_points']:.0f} points; "
                   f"leave-one-GPU-out median {summary['loo_median_abs_error']:.1%}, mean {summary['loo_mean_abs_error']:.1%}")
+    from collections import defaultdict as _dd
+
+    from coral.perf.calibrate import fit_gemm_efficiency, load_vidur_mlp
+
+    vidur = _dd(list)
+    for p in load_vidur_mlp(shared_data_dir(data_dir) / "profiles" / "vidur"):
+        vidur[p.gpu].append(p)
+    t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
+    for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
+        t.add_column(col)
+    for g, pts in vidur.items():
+        ef, eb, err = fit_gemm_efficiency(pts, builtin_catalog().gpu(g))
+        t.add_row(g, str(len(pts)), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
+    console.print(t)
 
 
 # --- templates -------------------------------------------------------------------------------------
@@ -769,10 +783,13 @@ def _register_optional() -> None:
     """Commands whose modules need the runtime extra (torch, zmq) are added only when importable;
     their heavy imports happen when they run."""
     try:
-        from coral.runtime.cli import serve
+        from coral.runtime.cli import keys, serve
+        from coral.runtime.loadgen import bench_serve
     except ImportError:
         return
     main.add_command(serve)
+    main.add_command(keys)
+    main.add_command(bench_serve)
     try:
         from coral.experiments.profile_cmd import profile
     except ImportError:

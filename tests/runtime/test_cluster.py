@@ -93,10 +93,10 @@ def test_streaming_first_chunk_before_last_token(cluster: Deployment) -> None:
 def test_bad_zmq_messages_do_not_kill_processes(cluster: Deployment) -> None:
     assert cluster.coordinator is not None
     ctx = zmq.Context.instance()
-    for _view, addr in cluster.coordinator.instances.values():
+    for rec in cluster.coordinator.instances.values():
         s = ctx.socket(zmq.PUSH)
         s.setsockopt(zmq.LINGER, 0)
-        s.connect(addr)
+        s.connect(rec.address)
         s.send(b"\x93junk")
         s.send(b"\x81\xa1@\xa6Pickle")
         s.close()

@@ -11,6 +11,7 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +147,66 @@ def summarize(rows: list[CalibrationRow]) -> dict[str, float]:
         "loo_median_abs_error": statistics.median(abs(r.loo_error) for r in counted),
         "loo_mean_abs_error": statistics.fmean(abs(r.loo_error) for r in counted),
     }
+
+
+# --- Vidur per-operator profiles -------------------------------------------------------------------
+
+_VIDUR_GPU = {"a100": "A100-80GB", "h100": "H100"}  # Vidur's a100 is the 80 GB part
+_VIDUR_OPS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpMeasurement:
+    """One Vidur row: the summed median time of a layer's four GEMMs at `tokens`, on `tp` GPUs."""
+
+    gpu: str
+    tokens: int
+    tp: int
+    flops: float  # per GPU
+    nbytes: float  # per GPU: weights + activations in and out
+    ms: float
+
+
+def load_vidur_mlp(folder: str | Path) -> list[OpMeasurement]:
+    """Read Vidur's `compute_<gpu>_<org>_<model>_mlp.csv.gz` files (GEMM timings per op)."""
+    import gzip
+
+    root = Path(folder)
+    out: list[OpMeasurement] = []
+    for path in sorted(root.glob("compute_*_mlp.csv.gz")):
+        gpu_key = path.name.split("_")[1]
+        if gpu_key not in _VIDUR_GPU:
+            continue
+        with gzip.open(path, "rt") as f:
+            for row in csv.DictReader(f):
+                h, i = int(row["n_embd"]), int(row["n_expanded_embd"])
+                heads, kv = int(row["n_head"]), int(row["n_kv_head"])
+                d = h // heads
+                n, tp = int(row["num_tokens"]), int(row["num_tensor_parallel_workers"])
+                gated = str(row.get("use_gated_mlp", "True")).lower() in ("true", "1")
+                params = h * (heads + 2 * kv) * d + heads * d * h + (3 if gated else 2) * h * i
+                ms = sum(float(row[f"time_stats.{op}.median"]) for op in _VIDUR_OPS)
+                acts = 2 * n * (2 * h + (heads + 2 * kv) * d + 2 * i) * 2 / tp
+                out.append(OpMeasurement(gpu=_VIDUR_GPU[gpu_key], tokens=n, tp=tp, flops=2.0 * n * params / tp,
+                                         nbytes=2.0 * params / tp + acts, ms=ms))
+    if not out:
+        raise CoralError(f"no Vidur compute_<gpu>_*_mlp.csv.gz files in {root}")
+    return out
+
+
+def fit_gemm_efficiency(points: list[OpMeasurement], gpu: Any) -> tuple[float, float, float]:
+    """Fit (η_F, η_B) of `max(FLOPs/(F·η_F), bytes/(BW·η_B))` to one GPU's GEMM timings.
+
+    Returns:
+        (η_F, η_B, median |error| of the fit).
+    """
+    flops = np.array([p.flops for p in points])
+    nbytes = np.array([p.nbytes for p in points])
+    ms = np.array([p.ms for p in points])
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        return np.maximum(flops / (gpu.bf16_tflops * 1e12 * x[0]), nbytes / (gpu.hbm_gb_per_s * 1e9 * x[1])) * 1e3
+
+    fit = least_squares(lambda x: np.log(predict(x) / ms), np.array([0.6, 0.7]), bounds=([0.05, 0.05], [1.0, 1.0]))
+    err = float(np.median(np.abs(predict(fit.x) / ms - 1)))
+    return float(fit.x[0]), float(fit.x[1]), err

@@ -28,10 +28,12 @@ class Efficiency:
             raise ValueError("layer_overhead_s must be >= 0")
 
 
-# Fitted by `coral calibrate` (coral.perf.calibrate) to Helix's measured per-layer latencies of
-# LLaMA-2-70B (A100-40GB, V100, L4, T4 and their multi-GPU nodes) and checked against Vidur's
-# per-operator profiles; see docs/perf.md. GPUs without measurements use DEFAULT_EFFICIENCY,
-# the median of the fitted values.
+# Fitted by `coral calibrate` (coral.perf.calibrate): A100-40GB, V100, L4 and T4 to Helix's
+# measured per-layer latencies of LLaMA-2-70B (and their multi-GPU nodes); A100-80GB and H100 to
+# Vidur's per-operator GEMM timings (a layer's four projections, 1-8-way TP; Vidur has no
+# attention or launch figures, so their decode efficiency equals the GEMM fit and their overhead
+# is the Helix median). See docs/perf.md. Other GPUs use DEFAULT_EFFICIENCY, the median of the
+# Helix fits.
 FITTED_EFFICIENCY: dict[str, Efficiency] = {
     "A100-40GB": Efficiency(flops=0.832, decode_flops=0.403, bandwidth=0.798, layer_overhead_s=2.0e-4),
     "L4": Efficiency(flops=0.351, decode_flops=0.400, bandwidth=0.623, layer_overhead_s=0.0),
@@ -49,6 +51,10 @@ def median_efficiency(effs: list[Efficiency]) -> Efficiency:
 
 
 DEFAULT_EFFICIENCY = median_efficiency(list(FITTED_EFFICIENCY.values()))
+FITTED_EFFICIENCY.update({
+    "A100-80GB": Efficiency(flops=0.690, decode_flops=0.690, bandwidth=0.552, layer_overhead_s=1.0e-4),
+    "H100": Efficiency(flops=0.609, decode_flops=0.609, bandwidth=0.537, layer_overhead_s=1.0e-4),
+})
 
 
 class RooflinePerf(PerfModel):

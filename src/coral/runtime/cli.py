@@ -1,4 +1,4 @@
-"""``coral serve``: start the coordinator, schedulers and engines of a cluster file on this machine."""
+"""``coral serve`` (start the coordinator, schedulers and engines of a cluster file) and ``coral keys`` (CurveZMQ keypair)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import click
 
 from coral.errors import CoralError
 
-__all__ = ["serve"]
+__all__ = ["keys", "serve"]
 
 
 @click.command("serve")
@@ -40,15 +40,39 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     if ready_file:
         with open(ready_file, "w") as f:
             f.write(dep.url + "\n")
+    reported: set[str] = set()
     try:
         while not stop.wait(0.5):
-            dead = dep.provisioner.dead()
-            if dead:
-                click.echo(f"coral serve: processes exited: {', '.join(dead)}; stopping", err=True)
+            # a dead engine or scheduler is a fault the runtime handles (retry, replace next
+            # epoch); only the engine launcher is vital
+            dead = set(dep.provisioner.dead())
+            if "zygote" in dead:
+                click.echo("coral serve: the engine launcher exited; stopping", err=True)
                 break
+            if dead - reported:
+                click.echo(f"coral serve: processes exited: {', '.join(sorted(dead - reported))}", err=True)
+                reported |= dead
     finally:
         dep.stop()
     click.echo("coral serve: stopped")
+
+
+@click.command("keys")
+@click.option("--dir", "folder", required=True, type=click.Path(file_okay=False), help="Folder for cluster.key and cluster.key_secret (created, mode 0700).")
+def keys(folder: str) -> None:
+    """Create the cluster's CurveZMQ keypair; point `coordinator.curve_keys_dir` of the cluster file at the folder.
+
+    Every process of the cluster reads the same keypair: traffic between them is encrypted,
+    and a peer without the secret key can neither read nor send control messages. Copy the
+    folder to every machine of the cluster over a secure channel; keep the secret file private.
+    """
+    from coral.runtime.transport import generate_keys
+
+    try:
+        public, secret = generate_keys(folder)
+    except CoralError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {folder}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ __all__ = [
     "StageSpec",
     "load_cluster",
     "parse_cluster",
+    "parse_instances",
 ]
 
 
@@ -101,6 +102,14 @@ class ClusterSpec:
     torch_threads: int
     models: tuple[ModelSpec, ...]
     instances: tuple[InstanceSpec, ...]
+    admin_key: str | None = None
+    curve_keys_dir: str | None = None
+    heartbeat_s: float = 0.25
+    heartbeat_timeout_s: float = 2.0
+    max_retries: int = 2
+    epoch_s: float = 0.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_message_bytes: int = 256 * 1024 * 1024
 
     def model(self, name: str) -> ModelSpec:
         """The model of that name (validated to exist)."""
@@ -156,6 +165,14 @@ class CoordinatorFile(_Strict):
     host: str = Field("127.0.0.1", description="Interface for HTTP and ZeroMQ sockets.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port (0 = any free one).")
     api_key: str | None = Field(None, description="If set, clients must send Authorization: Bearer <key>.")
+    admin_key: str | None = Field(None, description="Bearer key of the /admin endpoints (plan changes); default api_key.")
+    curve_keys_dir: str | None = Field(None, description="Folder made by `coral keys`: CurveZMQ between all processes (recommended).")
+    heartbeat_s: float = Field(0.25, gt=0, description="Heartbeat period between coordinator, schedulers and engines.")
+    heartbeat_timeout_s: float = Field(2.0, gt=0, description="A process silent this long is dead (its instance leaves routing).")
+    max_retries: int = Field(2, ge=0, description="Times a request hit by an instance failure is resent elsewhere.")
+    epoch_s: float = Field(0.0, ge=0, description="Re-planning period (measure demand, plan, reconcile); 0 = only on request.")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest HTTP request body.")
+    max_message_mib: float = Field(256.0, gt=0, description="Largest ZeroMQ message (the KV hand-off of a long prompt is the biggest).")
 
 
 class ClusterFile(_Strict):
@@ -194,18 +211,75 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+    models = _models(f.models)
+    instances = _instances(f.instances, models, source)
+    if len({i.name for i in instances}) != len(instances):
+        raise CoralError(f"{source}: duplicate instance names")
+    if f.coordinator.heartbeat_timeout_s <= 2 * f.coordinator.heartbeat_s:
+        raise CoralError(f"{source}: coordinator.heartbeat_timeout_s must exceed twice heartbeat_s")
+    for m in models:
+        if not any(i.model == m.name and i.phase != "decode" for i in instances):
+            raise CoralError(f"{source}: model {m.name!r} has no prefill or mixed instance")
+    c = f.coordinator
+    return ClusterSpec(
+        host=c.host, http_port=c.port, api_key=c.api_key, device=f.device,
+        dtype=f.dtype, torch_threads=f.torch_threads, models=tuple(models), instances=tuple(instances),
+        admin_key=c.admin_key, curve_keys_dir=c.curve_keys_dir, heartbeat_s=c.heartbeat_s,
+        heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, epoch_s=c.epoch_s,
+        max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
+    )  # fmt: skip
+
+
+class PlanFile(_Strict):
+    """Body of ``POST /admin/plan``: the whole desired set of instances."""
+
+    instances: list[InstanceFile] = Field(description="Every instance the cluster should run (same shape as the cluster file's).")
+
+
+def parse_instances(data: Any, cluster: ClusterSpec, source: str = "plan") -> tuple[InstanceSpec, ...]:
+    """Validate a plan pushed at run time against the cluster's models.
+
+    Args:
+        data: ``{"instances": [...]}`` as in the cluster file.
+        cluster: the running cluster (its models).
+        source: named in error messages.
+
+    Returns:
+        The desired instances.
+
+    Raises:
+        CoralError: naming the first problem found.
+    """
+    try:
+        f = PlanFile.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+    instances = _instances(f.instances, list(cluster.models), source)
+    if len({i.name for i in instances}) != len(instances):
+        raise CoralError(f"{source}: duplicate instance names")
+    return tuple(instances)
+
+
+def _models(files: list[ModelFile]) -> list[ModelSpec]:
     models: list[ModelSpec] = []
-    for m in f.models:
+    for m in files:
         seed, path = _weights(m.weights, f"model {m.name}")
         cfg = model_config_dict(m.builtin, m.hf_config, path)
         ctx = m.max_context or int(cfg.get("max_position_embeddings", 2048))
         models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
-        raise CoralError(f"{source}: duplicate model names")
+        raise CoralError("duplicate model names")
+    return models
+
+
+def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) -> list[InstanceSpec]:
+    names = [m.name for m in models]
     by_name = {m.name: m for m in models}
     instances: list[InstanceSpec] = []
-    for i in f.instances:
+    for i in files:
         if i.model not in by_name:
             raise CoralError(f"{source}: instance {i.name!r} serves unknown model {i.model!r}; models: {', '.join(names)}")
         seed, path = _weights(i.weights, f"instance {i.name}") if i.weights else (by_name[i.model].seed, by_name[i.model].weights_path)
@@ -224,15 +298,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         if spec.stages[-1].layer_end != n:
             raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
         instances.append(spec)
-    if len({i.name for i in instances}) != len(instances):
-        raise CoralError(f"{source}: duplicate instance names")
-    for m in models:
-        if not any(i.model == m.name and i.phase != "decode" for i in instances):
-            raise CoralError(f"{source}: model {m.name!r} has no prefill or mixed instance")
-    return ClusterSpec(
-        host=f.coordinator.host, http_port=f.coordinator.port, api_key=f.coordinator.api_key, device=f.device,
-        dtype=f.dtype, torch_threads=f.torch_threads, models=tuple(models), instances=tuple(instances),
-    )  # fmt: skip
+    return instances
 
 
 def load_cluster(path: str | Path) -> ClusterSpec:

@@ -184,6 +184,7 @@ class InstanceRecord:
     last_seen: float
     t_registered: float
     reported_in_flight: int = 0
+    reported_state: str = ""  # the scheduler's own view (heartbeat)
     t_first_request: float = 0.0
     t_drain: float = 0.0
 
@@ -306,6 +307,7 @@ class Coordinator:
         self._demand_t0 = time.monotonic()
         self.retried = 0
         self.failed_requests = 0
+        self.load_at_drain: dict[str, int] = {}  # instance id -> requests it held when its drain began
         self.metrics = Metrics()
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
@@ -436,6 +438,7 @@ class Coordinator:
                     return
             rec.last_seen = time.monotonic()
             rec.reported_in_flight = msg.in_flight
+            rec.reported_state = msg.state
 
     def _lost(self, iid: str, reason: str) -> None:
         """An instance died: out of routing, its requests resent elsewhere (lock held)."""
@@ -465,6 +468,7 @@ class Coordinator:
                 # scheduler's own count (a request may be on its way) - see tick()
                 rec.state = Lifecycle.DRAINING
                 rec.t_drain = time.monotonic()
+                self.load_at_drain[iid] = self._load(iid)
                 self.t.send(rec.address, Drain(reason=reason))
                 self._event(iid, "draining")
             return True

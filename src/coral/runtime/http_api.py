@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/completions``, ``POST /v1/chat/completions`` (both with
 ``"stream": true`` for server-sent events), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (Prometheus text). Bodies are validated with pydantic
+``GET /metrics`` (Prometheus text), and for operators ``GET /admin/instances`` and
+``POST /admin/plan`` (push a new plan; bearer ``admin_key``, else ``api_key``). Bodies are validated with pydantic
 (``extra="forbid"``); every error is OpenAI's ``{"error": {...}}`` shape.
 
 No tokenizer weights are available, so text goes through :class:`ByteTokenizer`: a
@@ -14,6 +15,7 @@ also carries the generated ``token_ids`` (an extension, like vLLM's).
 from __future__ import annotations
 
 import codecs
+import hmac
 import json
 import logging
 import socket
@@ -24,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from coral.errors import CoralError
 from coral.runtime.coordinator import Coordinator, RequestError, RequestHandle
 
 __all__ = ["ApiServer", "ByteTokenizer", "ChatRequest", "CompletionRequest"]
@@ -76,6 +79,7 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = Field(None, description="Streaming options.")
     n: StrictInt = Field(1, ge=1, le=1, description="Choices per request; only 1 is supported.")
     user: str | None = Field(None, description="End-user id (ignored).")
+    ignore_eos: bool = Field(False, description="Keep generating past end-of-sequence tokens (vLLM's extension; for benchmarks).")
 
 
 class CompletionRequest(_Sampling):
@@ -136,11 +140,12 @@ class _Handler(BaseHTTPRequestHandler):
         type_ = {401: "authentication_error", 404: "invalid_request_error"}.get(e.status, "invalid_request_error" if e.status < 500 else "server_error")
         self._send_json(e.status, error_body(e.message, type_, e.param, e.code))
 
-    def _authorized(self) -> bool:
-        key = self.server.api_key
+    def _authorized(self, admin: bool = False) -> bool:
+        key = (self.server.admin_key or self.server.api_key) if admin else self.server.api_key
         if not key:
             return True
-        if self.headers.get("Authorization", "") == f"Bearer {key}":
+        given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+        if hmac.compare_digest(given, f"Bearer {key}".encode()):
             return True
         self._send_error(RequestError(401, "Incorrect or missing API key (Authorization: Bearer ...).", None, "invalid_api_key"))
         return False
@@ -148,14 +153,19 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_json(self) -> Any:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
+            self.close_connection = True  # the body (if any) was not read: do not reuse the connection
             raise RequestError(411, "a Content-Length header is required")
-        if int(length) > MAX_BODY_BYTES:
-            raise RequestError(413, f"body larger than {MAX_BODY_BYTES} bytes")
+        limit = self.server.max_body_bytes
+        if int(length) > limit:
+            self.close_connection = True
+            raise RequestError(413, f"body larger than {limit} bytes")
         raw = self.rfile.read(int(length))
         try:
             return json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(400, f"malformed JSON body: {e}") from None
+        except RecursionError:
+            raise RequestError(400, "malformed JSON body: nested too deeply") from None
 
     # ---------------------------------------------------------------- routes
 
@@ -170,6 +180,12 @@ class _Handler(BaseHTTPRequestHandler):
             if self._authorized():
                 data = [{"id": m, "object": "model", "created": self.server.created, "owned_by": "coral"} for m in sorted(coord.models)]
                 self._send_json(200, {"object": "list", "data": data})
+        elif path == "/admin/instances":
+            if self._authorized(admin=True):
+                if self.server.admin is None:
+                    self._send_error(RequestError(404, "no plan controller"))
+                else:
+                    self._send_json(200, self.server.admin.status())
         elif path == "/metrics":
             if self._authorized():
                 text = coord.metrics.render(coord.ready_counts()).encode()
@@ -181,8 +197,44 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send_error(RequestError(404, f"no route GET {path}"))
 
+    def _admin_plan(self) -> None:
+        from coral.runtime.cluster_config import parse_instances
+
+        if not self._authorized(admin=True):
+            return
+        ctl = self.server.admin
+        try:
+            body = self._read_json()
+            if ctl is None:
+                raise RequestError(404, "no plan controller")
+            try:
+                desired = parse_instances(body, ctl.cluster)
+            except CoralError as e:
+                raise RequestError(400, str(e), "instances") from None
+            actions = ctl.apply_plan(desired)
+        except RequestError as e:
+            self._send_error(e)
+            return
+        self._send_json(200, {"actions": [{"kind": a.kind, "instance": a.name} for a in actions]})
+
     def do_POST(self) -> None:  # noqa: N802 - stdlib name
+        try:
+            self._post()
+        except OSError:
+            raise  # the client went away; http.server closes the connection
+        except Exception as e:  # a bug must cost one request, never the server
+            log.exception("http: unexpected error on POST %s", self.path)
+            self.close_connection = True
+            try:
+                self._send_error(RequestError(500, f"internal error: {type(e).__name__}"))
+            except OSError:
+                pass
+
+    def _post(self) -> None:
         path = self.path.split("?", 1)[0]
+        if path == "/admin/plan":
+            self._admin_plan()
+            return
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._send_error(RequestError(404, f"no route POST {path}"))
             return
@@ -208,7 +260,7 @@ class _Handler(BaseHTTPRequestHandler):
                 prompt = ByteTokenizer.encode(req.prompt)
             else:
                 prompt = list(req.prompt)
-            h = self.server.coordinator.submit(req.model, prompt, req.max_tokens, req.temperature, req.seed)
+            h = self.server.coordinator.submit(req.model, prompt, req.max_tokens, req.temperature, req.seed, req.ignore_eos)
         except RequestError as e:
             self._send_error(e)
             return
@@ -295,6 +347,9 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     coordinator: Coordinator
     api_key: str | None
+    admin_key: str | None
+    admin: Any
+    max_body_bytes: int
     token_timeout_s: float
     created: int
 
@@ -302,19 +357,36 @@ class _Server(ThreadingHTTPServer):
 class ApiServer:
     """The HTTP server bound to a coordinator, run in a background thread."""
 
-    def __init__(self, coordinator: Coordinator, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None, token_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        token_timeout_s: float = 60.0,
+        *,
+        admin: Any = None,
+        admin_key: str | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+    ) -> None:
         """Args:
         coordinator: the request router.
         host, port: where to listen (port 0 picks a free one; see :attr:`port`).
         api_key: if set, requests need ``Authorization: Bearer <api_key>`` (``/health`` is open).
         token_timeout_s: longest wait for the next token before the request fails with 504.
+        admin: the plan controller behind ``/admin/*`` (a :class:`coral.runtime.lifecycle.Controller`).
+        admin_key: bearer key of ``/admin/*`` (default ``api_key``).
+        max_body_bytes: larger request bodies get 413.
         """
         self.httpd = _Server((host, port), _Handler)
         self.httpd.coordinator = coordinator
         self.httpd.api_key = api_key
+        self.httpd.admin_key = admin_key
+        self.httpd.admin = admin
+        self.httpd.max_body_bytes = max_body_bytes
         self.httpd.token_timeout_s = token_timeout_s
         self.httpd.created = int(time.time())
-        self.host, self.port = self.httpd.server_address[0], self.httpd.server_address[1]
+        self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,7 +26,7 @@ from coral.errors import CoralError
 from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
 from coral.runtime.coordinator import Coordinator, ModelInfo
 from coral.runtime.http_api import ApiServer
-from coral.runtime.transport import ZmqTransport
+from coral.runtime.transport import CurveKeys, ZmqTransport
 
 __all__ = ["Deployment", "LocalProvisioner", "Provisioner"]
 
@@ -48,7 +49,15 @@ class Provisioner(ABC):
 
     @abstractmethod
     def dead(self) -> list[str]:
-        """Names of processes that have exited."""
+        """Names of processes that have exited, except those of instances stopped on purpose."""
+
+    @abstractmethod
+    def instance_alive(self, name: str) -> bool:
+        """Whether any process of instance ``name`` still runs."""
+
+    @abstractmethod
+    def stop_instance(self, name: str, timeout_s: float = 5.0) -> None:
+        """Stop what is left of an instance (after a drain, or the rest of a failed one)."""
 
     @abstractmethod
     def stop_all(self, timeout_s: float = 10.0) -> None:
@@ -74,6 +83,23 @@ class LocalProvisioner(Provisioner):
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)
         self.zygote: subprocess.Popen[bytes] | None = None
+        self.retired: set[str] = set()  # instances stopped on purpose (their exits are expected)
+
+    @staticmethod
+    def _instance_of(proc_name: str) -> str:
+        return proc_name.split("/", 1)[0]
+
+    def pids(self, name: str) -> dict[str, int]:
+        """Process name -> pid of every process of instance ``name`` (for tests and benches)."""
+        out = {n: p.pid for n, p in self.procs.items() if self._instance_of(n) == name}
+        out.update({n: pid for n, pid in self.engines.items() if self._instance_of(n) == name})
+        return out
+
+    def all_pids(self) -> dict[str, int]:
+        """Process name -> pid of every process started (zygote included)."""
+        out = {n: p.pid for n, p in self.procs.items()}
+        out.update(self.engines)
+        return out
 
     def _spawn(self, name: str, role: str, spec: dict[str, Any]) -> None:
         spec = {**spec, "parent_pid": os.getpid(), "log_level": self.log_level}
@@ -104,6 +130,11 @@ class LocalProvisioner(Provisioner):
 
     def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
         host = cluster.host
+        self.retired.discard(inst.name)
+        common = {
+            "curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
+            "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
+        }  # fmt: skip
         sched_addr_port = _free_port(host)
         scheduler = f"tcp://{host}:{sched_addr_port}"
         nodes = []
@@ -113,12 +144,12 @@ class LocalProvisioner(Provisioner):
         self._spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
-            "host": host, "port": sched_addr_port,
+            "host": host, "port": sched_addr_port, **common,
         })  # fmt: skip
         for n in nodes:
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"], "scheduler": scheduler,
-                "host": host, "threads": cluster.torch_threads,
+                "host": host, "threads": cluster.torch_threads, **common,
             }  # fmt: skip
             if self.noop:
                 spec["noop"] = {"layer_start": n["layer_start"], "layer_end": n["layer_end"], "num_layers": model.num_layers}
@@ -129,14 +160,61 @@ class LocalProvisioner(Provisioner):
                 }  # fmt: skip
             self._spawn_engine(f"{inst.name}/{n['stage']}/{n['node_index']}", spec, sorted({m.config["model_type"] for m in cluster.models}))
 
-    def dead(self) -> list[str]:  # noqa: D102
+    @staticmethod
+    def _pid_alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie (exited, not yet reaped by the zygote) counts as dead
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return True
+
+    def _exited(self) -> list[str]:
         out = [n for n, p in self.procs.items() if p.poll() is not None]
-        for n, pid in self.engines.items():
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                out.append(n)
+        out += [n for n, pid in self.engines.items() if not self._pid_alive(pid)]
         return out
+
+    def dead(self) -> list[str]:  # noqa: D102
+        return [n for n in self._exited() if self._instance_of(n) not in self.retired]
+
+    def instance_alive(self, name: str) -> bool:  # noqa: D102
+        if any(p.poll() is None for n, p in self.procs.items() if self._instance_of(n) == name):
+            return True
+        return any(self._pid_alive(pid) for n, pid in self.engines.items() if self._instance_of(n) == name)
+
+    def stop_instance(self, name: str, timeout_s: float = 5.0) -> None:  # noqa: D102
+        self.retired.add(name)
+        mine = [n for n in self.procs if self._instance_of(n) == name]
+        for n in mine:
+            if self.procs[n].poll() is None:
+                self.procs[n].terminate()
+        engines = [n for n in self.engines if self._instance_of(n) == name]
+        for n in engines:
+            try:
+                os.kill(self.engines[n], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        for n in mine:
+            try:
+                self.procs[n].wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.procs[n].kill()
+                self.procs[n].wait(timeout=5)
+            del self.procs[n]
+        for n in engines:
+            while self._pid_alive(self.engines[n]) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if self._pid_alive(self.engines[n]):
+                try:
+                    os.kill(self.engines[n], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            del self.engines[n]
 
     def stop_all(self, timeout_s: float = 10.0) -> None:  # noqa: D102
         if self.zygote is not None and self.zygote.stdin is not None:
@@ -162,19 +240,32 @@ class LocalProvisioner(Provisioner):
 
 
 class Deployment:
-    """A running cluster: coordinator + HTTP API here, instances through a provisioner."""
+    """A running cluster: coordinator + HTTP API + plan controller here, instances through a provisioner."""
 
-    def __init__(self, cluster: ClusterSpec, provisioner: Provisioner | None = None, http_port: int | None = None) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        provisioner: Provisioner | None = None,
+        http_port: int | None = None,
+        *,
+        planner: Any = None,
+        coordinator_port: int = 0,
+    ) -> None:
         """Args:
-        cluster: what to run.
+        cluster: what to run (its instances are the first plan).
         provisioner: how to start instances (default: :class:`LocalProvisioner`).
         http_port: override the cluster file's HTTP port (0 = any free port).
+        planner: re-planning function for the epoch loop (see :mod:`coral.runtime.lifecycle`).
+        coordinator_port: the coordinator's ZeroMQ port (0 = any free one).
         """
         self.cluster = cluster
         self.provisioner = provisioner or LocalProvisioner()
         self.http_port = cluster.http_port if http_port is None else http_port
+        self.planner = planner
+        self.coordinator_port = coordinator_port
         self.transport: ZmqTransport | None = None
         self.coordinator: Coordinator | None = None
+        self.controller: Any = None
         self.api: ApiServer | None = None
 
     @property
@@ -184,45 +275,87 @@ class Deployment:
             raise CoralError("deployment not started")
         return self.api.url
 
+    def _infos(self) -> list[ModelInfo]:
+        infos = []
+        for m in self.cluster.models:
+            eos = m.config.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            infos.append(ModelInfo(name=m.name, max_context=m.max_context, vocab_size=int(m.config["vocab_size"]), eos_ids=eos_ids))
+        return infos
+
+    def start_coordinator(self) -> Coordinator:
+        """Bind the coordinator's inbox and start its loop (also used to restart it in place)."""
+        c = self.cluster
+        curve = CurveKeys.load(c.curve_keys_dir) if c.curve_keys_dir else None
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self.transport = ZmqTransport(host=c.host, port=self.coordinator_port, max_message_bytes=c.max_message_bytes, curve=curve)
+                break
+            except Exception as e:  # the old socket of a restart is released asynchronously
+                if self.coordinator_port == 0 or time.monotonic() > deadline:
+                    raise CoralError(f"cannot bind the coordinator at port {self.coordinator_port}: {e}") from None
+                time.sleep(0.05)
+        self.coordinator_port = int(self.transport.address.rsplit(":", 1)[1])
+        self.coordinator = Coordinator(
+            self.transport, self._infos(), heartbeat_s=c.heartbeat_s, heartbeat_timeout_s=c.heartbeat_timeout_s,
+            max_retries=c.max_retries,
+        )  # fmt: skip
+        self.coordinator.start()
+        if self.controller is not None:
+            self.controller.coordinator = self.coordinator
+        if self.api is not None:
+            self.api.httpd.coordinator = self.coordinator
+        return self.coordinator
+
+    def restart_coordinator(self) -> None:
+        """Simulate a coordinator crash and restart (same address): the registry is rebuilt from heartbeats.
+
+        Requests in flight in the old coordinator are lost with it (their HTTP clients get an error).
+        """
+        assert self.coordinator is not None and self.transport is not None
+        self.coordinator.stop()
+        self.transport.close()
+        self.start_coordinator()
+
     def start(self, timeout_s: float = 120.0) -> None:
         """Start everything and wait until every instance has registered.
 
         Raises:
             CoralError: if a process dies or the instances are not up within ``timeout_s``.
         """
+        from coral.runtime.lifecycle import Controller
+
         c = self.cluster
-        self.transport = ZmqTransport(host=c.host)
-        infos = []
-        for m in c.models:
-            eos = m.config.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            infos.append(ModelInfo(name=m.name, max_context=m.max_context, vocab_size=int(m.config["vocab_size"]), eos_ids=eos_ids))
-        self.coordinator = Coordinator(self.transport, infos)
-        self.coordinator.start()
+        coord = self.start_coordinator()
+        assert self.transport is not None
+        self.controller = Controller(coord, self.provisioner, c, self.transport.address, planner=self.planner, epoch_s=c.epoch_s)
         try:
-            for inst in c.instances:
-                self.provisioner.start_instance(inst, c.model(inst.model), c, self.transport.address)
+            self.controller.apply_plan(c.instances)
             deadline = time.monotonic() + timeout_s
             want = {i.name for i in c.instances}
-            while set(self.coordinator.instances) < want:
+            while set(self.coordinator.instances) < want:  # type: ignore[union-attr]
                 dead = self.provisioner.dead()
                 if dead:
                     raise CoralError(f"runtime processes exited during start-up: {', '.join(dead)}")
                 if time.monotonic() > deadline:
-                    missing = sorted(want - set(self.coordinator.instances))
+                    missing = sorted(want - set(self.coordinator.instances))  # type: ignore[union-attr]
                     raise CoralError(f"instances not up after {timeout_s:.0f} s: {', '.join(missing)}")
                 time.sleep(0.05)
-            self.api = ApiServer(self.coordinator, c.host, self.http_port, c.api_key)
+            self.api = ApiServer(coord, c.host, self.http_port, c.api_key, admin=self.controller, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes)
             self.api.start()
+            self.controller.start()
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
-        """Stop the HTTP server, the instances and the coordinator (idempotent)."""
+        """Stop the HTTP server, the epoch loop, the instances and the coordinator (idempotent)."""
         if self.api is not None:
             self.api.stop()
             self.api = None
+        if self.controller is not None:
+            self.controller.stop()
         if self.coordinator is not None:
             self.coordinator.stop(shutdown_instances=True)
         self.provisioner.stop_all()

@@ -260,7 +260,7 @@ class ZmqTransport(Transport):
         import zmq
 
         self._zmq = zmq
-        self.ctx = zmq.Context.instance()
+        self.ctx: Any = zmq.Context.instance()
         self.max_message_bytes = max_message_bytes
         self._send_hwm = send_hwm
         self.curve = curve
@@ -272,10 +272,14 @@ class ZmqTransport(Transport):
             self._pull.curve_publickey = curve.public
             self._pull.curve_server = True
         self._pull.setsockopt(zmq.MAXMSGSIZE, 2 * max_message_bytes)
-        if port == 0:
-            port = self._pull.bind_to_random_port(f"tcp://{host}")
-        else:
-            self._pull.bind(f"tcp://{host}:{port}")
+        try:
+            if port == 0:
+                port = self._pull.bind_to_random_port(f"tcp://{host}")
+            else:
+                self._pull.bind(f"tcp://{host}:{port}")
+        except BaseException:
+            self._pull.close(0)
+            raise
         self.address = f"tcp://{host}:{port}"
         self._push: dict[str, Any] = {}
         self._lock = threading.Lock()

@@ -45,6 +45,17 @@ def _device(name: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _transport(spec: dict[str, Any], port: int = 0) -> Any:
+    from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES
+    from coral.runtime.transport import CurveKeys, ZmqTransport
+
+    keys = spec.get("curve_keys_dir")
+    return ZmqTransport(
+        host=spec.get("host", "127.0.0.1"), port=port, curve=CurveKeys.load(keys) if keys else None,
+        max_message_bytes=int(spec.get("max_message_bytes", DEFAULT_MAX_MESSAGE_BYTES)),
+    )  # fmt: skip
+
+
 def run_engine(spec: dict[str, Any], parent: int) -> None:
     """Load one node's layers and serve until told to stop.
 
@@ -54,7 +65,6 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
         parent: the provisioner's pid.
     """
     from coral.runtime.engine import EngineNode, NoopShard
-    from coral.runtime.transport import ZmqTransport
 
     if "noop" in spec:
         n = spec["noop"]
@@ -68,8 +78,12 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
         s = dict(spec["shard"])
         s["device"] = _device(s.get("device", "auto"))
         shard = load_shard(ShardSpec(**s))
-    t = ZmqTransport(host=spec.get("host", "127.0.0.1"))
-    node = EngineNode(t, shard, instance_id=spec["instance_id"], stage=spec["stage"], node_index=spec["node_index"], scheduler=spec["scheduler"])
+    t = _transport(spec)
+    hb = float(spec.get("heartbeat_s", 0.25))
+    node = EngineNode(
+        t, shard, instance_id=spec["instance_id"], stage=spec["stage"], node_index=spec["node_index"], scheduler=spec["scheduler"],
+        heartbeat_s=hb, heartbeat_timeout_s=2 * float(spec.get("heartbeat_timeout_s", 2.0)),
+    )  # fmt: skip
     _watch_parent(node.stop_event, parent)
     signal.signal(signal.SIGTERM, lambda *_: node.stop_event.set())
     try:
@@ -86,13 +100,13 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
         parent: the provisioner's pid.
     """
     from coral.runtime.scheduler import NodeSlot, Scheduler
-    from coral.runtime.transport import ZmqTransport
 
-    t = ZmqTransport(host=spec.get("host", "127.0.0.1"), port=int(spec.get("port", 0)))
+    t = _transport(spec, int(spec.get("port", 0)))
     sch = Scheduler(
         t, instance_id=spec["instance_id"], model=spec["model"], phase=spec["phase"], region=spec["region"],
         throughput_tok_per_s=float(spec["throughput_tok_per_s"]), nodes=[NodeSlot(**n) for n in spec["nodes"]],
         coordinator=spec.get("coordinator", ""), micro_batches=int(spec.get("micro_batches", 0)),
+        heartbeat_s=float(spec.get("heartbeat_s", 0.25)), heartbeat_timeout_s=float(spec.get("heartbeat_timeout_s", 2.0)),
     )  # fmt: skip
     _watch_parent(sch.stop_event, parent)
     signal.signal(signal.SIGTERM, lambda *_: sch.stop_event.set())

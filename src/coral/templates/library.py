@@ -54,21 +54,21 @@ class TemplateSpec:
             "format": LIBRARY_FORMAT, "model": asdict(self.model), "phase": self.phase.value, "slo_ms": self.slo_ms,
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
-            "batches": list(self.batches), "perf": perf_fingerprint(perf),
+            "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def perf_fingerprint(perf: PerfModel) -> dict[str, Any]:
-    """The performance model's version and parameters (efficiencies, system constants)."""
+def perf_fingerprint(perf: PerfModel, gpus: set[str] | None = None) -> dict[str, Any]:
+    """The performance model's version and parameters (system constants, and the efficiencies
+    of `gpus` — the GPUs a library uses — so a change elsewhere keeps its cache valid)."""
     out: dict[str, Any] = {"version": perf.version, "system": asdict(perf.system)}
-    eff = getattr(perf, "efficiency", None)
-    if eff is not None:
-        out["efficiency"] = {k: asdict(v) for k, v in sorted(eff.items())}
-        out["default"] = asdict(perf.default)  # type: ignore[attr-defined]
+    eff_of = getattr(perf, "eff", None)
+    if eff_of is not None and gpus is not None:
+        out["efficiency"] = {g: asdict(perf.efficiency.get(g, perf.default)) for g in sorted(gpus)}  # type: ignore[attr-defined]
     fallback = getattr(perf, "fallback", None)
     if fallback is not None:
-        out["fallback"] = perf_fingerprint(fallback)
+        out["fallback"] = perf_fingerprint(fallback, gpus)
     return out
 
 

@@ -108,3 +108,18 @@ def test_helix_profile_backend():
     m = builtin_model("llama-2-70b")
     t = perf.layer_time_s(CAT.config("1xA100-40GB"), m, Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=1000, output_tokens=0))
     assert t == pytest.approx(8e-3)  # the measured point itself
+
+
+VIDUR = HELIX.parent / "vidur"
+
+
+@pytest.mark.skipif(not VIDUR.is_dir(), reason="shared/data not present")
+def test_vidur_gemm_fit_matches_shipped_defaults():
+    from coral.perf.calibrate import fit_gemm_efficiency, load_vidur_mlp
+
+    points = load_vidur_mlp(VIDUR)
+    for gpu in ("A100-80GB", "H100"):
+        ef, eb, err = fit_gemm_efficiency([p for p in points if p.gpu == gpu], CAT.gpu(gpu))
+        assert ef == pytest.approx(FITTED_EFFICIENCY[gpu].flops, abs=0.02)
+        assert eb == pytest.approx(FITTED_EFFICIENCY[gpu].bandwidth, abs=0.02)
+        assert err < 0.2  # the max-roofline explains the GEMM timings

@@ -90,3 +90,14 @@ def test_bad_knobs(core):
         build_library(core, executor="slurm")
     with pytest.raises(ValueError, match="sorted"):
         Template(model="m", phase=Phase.DECODE, slo_ms=1, nodes=("b", "a"), placement=None)  # type: ignore[arg-type]
+
+
+def test_cache_key_ignores_unused_gpus(core):
+    from coral.perf import Efficiency, RooflinePerf
+    from coral.perf.roofline import FITTED_EFFICIENCY
+
+    spec = specs_for(core)[0]  # L40S / L4 / A10G only
+    other = dict(FITTED_EFFICIENCY, H100=Efficiency(flops=0.1, bandwidth=0.1))
+    assert spec.cache_key(RooflinePerf(efficiency=other)) == spec.cache_key(RooflinePerf())
+    changed = dict(FITTED_EFFICIENCY, L4=Efficiency(flops=0.1, bandwidth=0.1))
+    assert spec.cache_key(RooflinePerf(efficiency=changed)) != spec.cache_key(RooflinePerf())
