@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/coral demo
+	$(BIN)/coral experiment cost --setup core --out runs/demo-cost-core
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -13,21 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from coral import __version__
+from coral.cli_support import CoralGroup, err_console
 from coral.errors import CoralError
 
 console = Console()
-err_console = Console(stderr=True)
-
-
-class _Group(click.Group):
-    """Prints user mistakes (CoralError) as one clear line, without a traceback, exit code 2."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except CoralError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            sys.exit(2)
+_Group = CoralGroup
 
 
 def _emit_json(data: Any) -> None:
@@ -777,6 +766,15 @@ def demo() -> None:
     ctx.invoke(templates_solve, model="qwen3-32b", phase="prefill", slo_ms=2500.0, nodes="1xL4,1xL40S,1xL40S,2xL40S",
                prompt_tokens=2047.8, output_tokens=27.9, solver="exact", backend="highs", batches="1,2,4,8", n_max=6,
                as_json=False)
+
+
+def _register_experiments() -> None:
+    from coral.experiments.cli import experiment
+
+    main.add_command(experiment)
+
+
+_register_experiments()
 
 
 def _register_optional() -> None:

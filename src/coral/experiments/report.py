@@ -1,0 +1,376 @@
+"""Markdown reports and figures (the paper's Fig. 7–14) for the experiments' results."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+COLORS = {"coral": "#d62728", "homo": "#1f77b4", "cauchy": "#2ca02c", "template-greedy": "#9467bd",
+          "helix (reported)": "#7f7f7f"}
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(x: Any, spec: str = ",.2f", none: str = "–") -> str:
+    if x is None:
+        return none
+    try:
+        return format(x, spec)
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def _pct(x: Any) -> str:
+    return _fmt(x, ".1%")
+
+
+def _ratio(x: Any) -> str:
+    return "–" if x is None else f"{x:.2f}×"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def _save(fig: Any, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path.name
+
+
+def fig_cost_epochs(methods: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> str:
+    """Fig. 7(a)/(c): hourly cost per epoch and mean, one bar per method."""
+    plt = _plt()
+    names = list(methods)
+    n_ep = min(len(r["per_epoch"]) for r in methods.values())
+    groups = [f"epoch {k + 1}" for k in range(n_ep)] + ["mean"]
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups)), 3.6))
+    for j, m in enumerate(names):
+        vals = [methods[m]["per_epoch"][k]["cost_usd_per_h"] or 0 for k in range(n_ep)] + [methods[m]["cost_usd_per_h"]]
+        ax.bar([i + (j - (len(names) - 1) / 2) * width for i in range(len(groups))], vals, width,
+               label=m, color=COLORS.get(m))
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylabel("cost ($/h)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def fig_cost_per_model(methods: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> str:
+    """Fig. 7(b)/(d): each method's mean hourly cost stacked by model and phase."""
+    plt = _plt()
+    names = list(methods)
+    models = list(next(iter(methods.values()))["per_model"])
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(names)), 3.8))
+    cmap = plt.get_cmap("tab20")
+    bottoms = [0.0] * len(names)
+    for i, model in enumerate(models):
+        for k, ph in enumerate(("prefill", "decode")):
+            vals = [methods[m]["per_model"][model][f"{ph}_cost_usd_per_h"] for m in names]
+            ax.bar(names, vals, bottom=bottoms, color=cmap(2 * i + k), label=f"{model} {ph}",
+                   hatch="//" if ph == "decode" else None, edgecolor="white")
+            bottoms = [b + v for b, v in zip(bottoms, vals, strict=True)]
+    ax.set_ylabel("cost ($/h)")
+    ax.set_title(title)
+    ax.tick_params(axis="x", rotation=20, labelsize=8)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+    return _save(fig, path)
+
+
+def fig_goodput_epochs(methods: Mapping[str, Mapping[str, Any]], path: Path, title: str) -> str:
+    """Fig. 9/10: goodput over epochs, one line per method."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for m, r in methods.items():
+        xs = [k + 1 for k in range(len(r["per_epoch"]))]
+        ax.plot(xs, [e["goodput_tok_per_s"] or 0 for e in r["per_epoch"]], marker="o", label=m, color=COLORS.get(m))
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("goodput (tok/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def fig_bars(panels: Sequence[tuple[str, Mapping[str, float | None]]], path: Path, title: str) -> str:
+    """Side-by-side bar panels, one bar per method (Fig. 8, 12, 13)."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.4), squeeze=False)
+    for ax, (ylabel, vals) in zip(axes[0], panels, strict=True):
+        names = list(vals)
+        ax.bar(names, [vals[n] or 0 for n in names], color=[COLORS.get(n, "#888888") for n in names])
+        ax.set_ylabel(ylabel)
+        ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def fig_sensitivity(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> str:
+    """Fig. 14: template count, build time and best efficiency / plan cost against n_max, one line per rho."""
+    plt = _plt()
+    rhos = sorted({r["rho"] for r in rows})
+    has_plan = any(r.get("plan_cost_usd_per_h") is not None for r in rows)
+    panels: list[tuple[str, Callable[[Mapping[str, Any]], float | None], bool]] = [
+        ("templates", lambda r: r["templates"], True), ("build time (s)", lambda r: r["build_s"], True),
+        ("best tok/s per $/h, % of grid best (mean over phases)", _relative_best(rows), False)]
+    if has_plan:
+        panels.append(("Coral plan cost ($/h)", lambda r: r.get("plan_cost_usd_per_h"), False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    for ax, (label, get, log) in zip(axes[0], panels, strict=True):
+        for rho in rhos:
+            pts = sorted((r["n_max"], get(r)) for r in rows if r["rho"] == rho)
+            pts = [(x, y) for x, y in pts if y is not None and (y > 0 or not log)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"rho={rho:g}")
+        ax.set_xlabel("n_max")
+        ax.set_ylabel(label)
+        if log:
+            ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _relative_best(rows: Sequence[Mapping[str, Any]]) -> Callable[[Mapping[str, Any]], float | None]:
+    """Each (model, phase)'s best efficiency as a % of its best over the grid, averaged over phases."""
+    top: dict[str, float] = {}
+    for r in rows:
+        for k, v in r["per_phase"].items():
+            if v["best_tok_per_s_per_usd_h"]:
+                top[k] = max(top.get(k, 0.0), v["best_tok_per_s_per_usd_h"])
+
+    def get(row: Mapping[str, Any]) -> float | None:
+        vals = [100 * v["best_tok_per_s_per_usd_h"] / top[k] for k, v in row["per_phase"].items()
+                if v["best_tok_per_s_per_usd_h"] and top.get(k)]
+        return sum(vals) / len(vals) if vals else None
+
+    return get
+
+
+# -- sections -------------------------------------------------------------------------------------
+
+def _methods_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = [[m, _fmt(r["cost_usd_per_h"]), _fmt(r["plan_cost_usd_per_h"]), _fmt(r["goodput_tok_per_s"], ",.0f"),
+             _pct(r["slo_attainment"]), _fmt(r["usd_per_mtok_good"]), _fmt(r["solve_s_mean"], ".3f"),
+             _fmt(r.get("throttle"), ".2f"), f"{r['plans'][0]['hetero_instances']}/{r['plans'][0]['instances']}"]
+            for m, r in methods.items()]
+    return table(["method", "sim $/h (mean)", "plan $/h (mean)", "goodput tok/s", "SLO attainment",
+                  "$ per M good tok", "solve s (mean)", "rate factor", "hetero/all instances (epoch 1)"], rows)
+
+
+def _epochs_table(methods: Mapping[str, Mapping[str, Any]], key: str, spec: str = ",.2f") -> str:
+    names = list(methods)
+    n_ep = min(len(r["per_epoch"]) for r in methods.values())
+    rows = []
+    for k in range(n_ep):
+        e0 = methods[names[0]]["per_epoch"][k]
+        rows.append([f"{k + 1} ({e0['t_start_s']:.0f}–{e0['t_end_s']:.0f} s)"]
+                    + [_fmt(methods[m]["per_epoch"][k][key], spec) for m in names])
+    return table(["epoch", *names], rows)
+
+
+def _per_model_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    names = list(methods)
+    models = list(methods[names[0]]["per_model"])
+    rows = []
+    for model in models:
+        pm = {m: methods[m]["per_model"][model] for m in names}
+        rows.append([model]
+                    + [f"{pm[m]['cost_usd_per_h']:.2f} ({pm[m]['prefill_cost_usd_per_h']:.2f} + "
+                       f"{pm[m]['decode_cost_usd_per_h']:.2f})" for m in names]
+                    + [f"{_pct(pm[m]['slo_attainment'])} (TTFT {_pct(pm[m]['ttft_slo_attainment'])}, "
+                       f"TPOT {_pct(pm[m]['tpot_slo_attainment'])})" for m in names])
+    return table(["model", *(f"{m} $/h (prefill + decode)" for m in names), *(f"{m} SLO" for m in names)], rows)
+
+
+def _latency_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    rows = []
+    for m, r in methods.items():
+        for model, pm in r["per_model"].items():
+            rows.append([m, model, _fmt(pm["rate_per_s"], ".2f"), _fmt(pm["ttft_p50_s"], ".2f"),
+                         _fmt(pm["ttft_p99_s"], ".2f"),
+                         _fmt(None if pm["tpot_p50_s"] is None else pm["tpot_p50_s"] * 1e3, ".0f"),
+                         _fmt(None if pm["tpot_p99_s"] is None else pm["tpot_p99_s"] * 1e3, ".0f"),
+                         _pct(pm["prefill_utilization"]), _pct(pm["decode_utilization"])])
+    return table(["method", "model", "req/s", "TTFT p50 s", "TTFT p99 s", "TPOT p50 ms", "TPOT p99 ms",
+                  "prefill util", "decode util"], rows)
+
+
+def _templates_table(hetero: Sequence[Mapping[str, Any]], limit: int = 15) -> str:
+    if not hetero:
+        return "Coral's plans used no heterogeneous template."
+    rows = [[t["model"], t["phase"], t["region"], " + ".join(t["nodes"]),
+             " | ".join(f"{'+'.join(s['nodes'])}:{s['layers']}" for s in t["stages"]),
+             _fmt(t["throughput_tok_per_s"], ",.0f"), _fmt(t["price_usd_per_h"]), t["max_count"],
+             ",".join(str(k + 1) for k in t["epochs"])] for t in hetero[:limit]]
+    more = f"\n\n({len(hetero) - limit} more in summary.json)" if len(hetero) > limit else ""
+    return table(["model", "phase", "region", "nodes", "stages (layers)", "Θ tok/s", "$/h", "max count",
+                  "epochs"], rows) + more
+
+
+def _cost_ratio_lines(comp: Mapping[str, Any], paper: Mapping[str, float] | None = None) -> str:
+    lines = []
+    for m, r in comp["cost_ratio"].items():
+        p = f" (paper: {paper[m]:.2f}×)" if paper and m in paper else ""
+        lines.append(f"- {m} / coral: simulated cost {_ratio(r)}, plan cost {_ratio(comp['plan_cost_ratio'][m])}{p}")
+    lines.append(f"- cheapest per epoch (simulated): {', '.join(comp['cheapest_per_epoch'])}; "
+                 f"Coral cheapest in every epoch: **{comp['coral_cheapest_every_epoch']}**")
+    lines.append(f"- cheapest per epoch (plan): {', '.join(comp['cheapest_plan_per_epoch'])}; "
+                 f"Coral's plan cheapest in every epoch: **{comp['coral_cheapest_plan_every_epoch']}**")
+    return "\n".join(lines)
+
+
+def _goodput_ratio_lines(comp: Mapping[str, Any], paper: Mapping[str, tuple[float, float]] | None = None) -> str:
+    lines = []
+    for m, r in comp["goodput_ratio"].items():
+        p = f" (paper: {paper[m][0]:.2f}× / {paper[m][1]:.2f}×)" if paper and m in paper else ""
+        lines.append(f"- coral / {m} goodput {_ratio(r)}; {m} / coral goodput-normalized cost "
+                     f"{_ratio(comp['normalized_cost_ratio'][m])}{p}")
+    lines.append(f"- Coral has the highest goodput: **{comp['coral_highest_goodput']}**")
+    return "\n".join(lines)
+
+
+PAPER_COST = {"core": {"homo": 1.62, "cauchy": 1.60, "template-greedy": 1.78},
+              "extended": {"homo": 3.14, "cauchy": 2.66, "template-greedy": 1.40}}
+PAPER_GOODPUT = {"core": {"homo": (1.66, 1.67), "cauchy": (1.12, 1.73)},
+                 "extended": {"homo": (7.64, 8.99), "cauchy": (2.39, 3.27)}}
+PAPER_SKEW = {"core": {"large-heavy": {"homo": 1.82, "cauchy": 1.78}, "small-heavy": {"homo": 1.10, "cauchy": 1.10}},
+              "extended": {"large-heavy": {"homo": 2.79, "cauchy": 3.47},
+                           "small-heavy": {"homo": 2.34, "cauchy": 1.64}}}
+
+
+def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, prefix: str = "") -> str:
+    """The Markdown body of one experiment; figures go to `fig_dir` (linked relative to the report)."""
+    rel = f"{prefix}figures/"
+    out: list[str] = []
+
+    def img(file: str, alt: str) -> None:
+        out.append(f"![{alt}]({rel}{file})")
+
+    if name in ("cost", "goodput", "ablation"):
+        for case, methods in result["cases"].items():
+            if name == "ablation":
+                out.append(f"### {case} availability")
+            out.append(_methods_table(methods))
+            comp = result["comparison"][case]
+            if "cost_ratio" in comp:
+                out.append(_cost_ratio_lines(comp, PAPER_COST.get(setup)))
+                out.append("Simulated $/h per epoch (instances paid from start, including initialization and "
+                           "draining overlap):\n\n" + _epochs_table(methods, "cost_usd_per_h"))
+                out.append("Plan $/h per epoch (the allocator's objective without the init penalty):\n\n"
+                           + _epochs_table(methods, "plan_cost_usd_per_h"))
+                img(fig_cost_epochs(methods, fig_dir / f"{name}_{case}_cost.png", f"{setup}: hourly cost ({case})"),
+                    "cost per epoch")
+            if "goodput_ratio" in comp:
+                out.append(_goodput_ratio_lines(comp, PAPER_GOODPUT.get(setup) if name == "goodput" else None))
+                out.append("Goodput (tok/s) per epoch:\n\n" + _epochs_table(methods, "goodput_tok_per_s", ",.0f"))
+                out.append("Plan alpha (fraction of the epoch's demand the plan serves) per epoch:\n\n"
+                           + _epochs_table(methods, "plan_alpha", ".2f"))
+                img(fig_goodput_epochs(methods, fig_dir / f"{name}_{case}_goodput_epochs.png",
+                                       f"{setup}: goodput over epochs ({case})"), "goodput over epochs")
+                img(fig_bars([("goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in methods.items()}),
+                              ("$ per M good tokens", {m: r["usd_per_mtok_good"] for m, r in methods.items()}),
+                              ("cost ($/h)", {m: r["cost_usd_per_h"] for m, r in methods.items()})],
+                             fig_dir / f"{name}_{case}_goodput.png", f"{setup}: {case} availability"), "goodput bars")
+            out.append("SLO attainment per epoch (requests arriving in the epoch):\n\n"
+                       + _epochs_table(methods, "slo_attainment", ".1%"))
+            out.append("Per model:\n\n" + _per_model_table(methods))
+            img(fig_cost_per_model(methods, fig_dir / f"{name}_{case}_per_model.png",
+                                   f"{setup}: cost per model ({case})"), "cost per model")
+            out.append("<details><summary>latency and utilization per model</summary>\n\n" + _latency_table(methods)
+                       + "\n\n</details>")
+        if name == "cost":
+            out.append("Heterogeneous templates Coral picked:\n\n" + _templates_table(result["coral_hetero_templates"]))
+        if name == "goodput":
+            out.append("Tight availability (nodes per region/config): "
+                       + ", ".join(f"{k} {v}" for k, v in result["availability"].items()))
+        if name == "ablation":
+            img(fig_bars([("abundant: cost ($/h)", {m: r["cost_usd_per_h"] for m, r in result["cases"]["abundant"].items()}),
+                          ("tight: goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in result["cases"]["tight"].items()}),
+                          ("tight: $ per M good tok", {m: r["usd_per_mtok_good"] for m, r in result["cases"]["tight"].items()})],
+                         fig_dir / "ablation.png", f"{setup}: template-greedy vs Coral"), "ablation")
+    elif name == "skew":
+        out.append("Rate multipliers: " + "; ".join(
+            f"{v}: " + ", ".join(f"{m} ×{x:.2f}" for m, x in mult.items()) for v, mult in result["rate_multipliers"].items()))
+        for variant, methods in result["cases"].items():
+            out.append(f"### {variant}")
+            out.append(_methods_table(methods))
+            out.append(_cost_ratio_lines(result["comparison"][variant], PAPER_SKEW.get(setup, {}).get(variant)))
+            out.append(_per_model_table(methods))
+            img(fig_cost_epochs(methods, fig_dir / f"skew_{variant}_cost.png", f"{setup}: {variant}"), f"{variant} cost")
+            img(fig_cost_per_model(methods, fig_dir / f"skew_{variant}_per_model.png", f"{setup}: {variant} per model"),
+                f"{variant} per model")
+    elif name == "helix":
+        coral = result["cases"]["helix"]["coral"]
+        helix = result["helix"]
+        comp = result["comparison"]
+        model = next(iter(coral["per_model"].values()))
+        out.append(table(["system", "$/h", "decode tok/s", "goodput tok/s", "SLO attainment", "GPUs"], [
+            ["helix (reported; whole cluster)", _fmt(helix["cost_usd_per_h"]), _fmt(helix["decode_tok_per_s"], ",.1f"),
+             "– (no SLO)", "–", helix["gpus"]],
+            ["coral (simulated)", _fmt(coral["cost_usd_per_h"]), _fmt(model["decode_tok_per_s"], ",.1f"),
+             _fmt(coral["goodput_tok_per_s"], ",.1f"), _pct(coral["slo_attainment"]),
+             "/".join(str(g) for g in comp["coral_gpus_per_epoch"]) + " (per epoch)"]]))
+        out.append(f"- cost reduction vs Helix: {comp['cost_reduction']:.1%} (paper: 21 %)\n"
+                   f"- decode throughput vs Helix: {comp['throughput_gain']:+.1%} (paper: +26 %); "
+                   f"goodput vs Helix's throughput: {comp['goodput_vs_helix_throughput']:+.1%}")
+        out.append(_per_model_table({"coral": coral}))
+        out.append(_latency_table({"coral": coral}))
+        out.append("Heterogeneous templates Coral picked:\n\n" + _templates_table(result["coral_hetero_templates"]))
+        img(fig_bars([("cost ($/h)", {"helix (reported)": helix["cost_usd_per_h"], "coral": coral["cost_usd_per_h"]}),
+                      ("decode tok/s", {"helix (reported)": helix["decode_tok_per_s"], "coral": model["decode_tok_per_s"]}),
+                      ("goodput tok/s", {"helix (reported)": None, "coral": coral["goodput_tok_per_s"]})],
+                     fig_dir / "helix.png", "Llama-2-70B on Helix's cluster"), "helix")
+    elif name == "sensitivity":
+        rows = result["rows"]
+        phases = list(rows[0]["per_phase"]) if rows else []
+        out.append(f"Testbed: {result['testbed']}; efficiency priced in {result['region']}.")
+        out.append(table(["n_max", "rho", "templates", "build s", "Coral plan $/h", "plan solve s",
+                          *(f"best tok/s per $/h {p}" for p in phases)],
+                         [[r["n_max"], f"{r['rho']:g}", f"{r['templates']:,}", _fmt(r["build_s"], ",.1f"),
+                           _fmt(r.get("plan_cost_usd_per_h")), _fmt(r.get("plan_solve_s"), ".3f"),
+                           *(_fmt(r["per_phase"][p]["best_tok_per_s_per_usd_h"], ",.0f") for p in phases)]
+                          for r in rows]))
+        if rows:
+            img(fig_sensitivity(rows, fig_dir / "sensitivity.png", f"{setup}: n_max x rho"), "sensitivity")
+    return "\n\n".join(out)
+
+
+TITLES = {"cost": "§6.3 End-to-end cost (abundant GPUs)", "goodput": "§6.4 Goodput under tight availability",
+          "skew": "§6.5 Demand imbalance (80 % to large / small models)", "helix": "§6.6 Single model vs Helix",
+          "ablation": "§6.7 Ablation: template-greedy vs Coral", "sensitivity": "§6.8 Template pruning sensitivity"}
+
+
+def header(meta: Mapping[str, Any]) -> str:
+    """Provenance: how to reproduce this report."""
+    rows = [["command", f"`{meta['command']}`"], ["coral version", meta["version"]], ["setup", meta["setup"]],
+            ["scenario", meta["scenario"]], ["seed", meta["seed"]], ["arrivals", meta.get("arrival", "scenario default")], ["duration", f"{meta['duration_s']:g} s"],
+            ["epoch", f"{meta['epoch_s']:g} s"], ["quick", meta["quick"]],
+            ["n_max override", meta["n_max"] if meta["n_max"] is not None else "none (scenario default)"],
+            ["started", meta["started_at"]], ["wall time", f"{meta['wall_s']:.1f} s"]]
+    return table(["", ""], rows)
+
+
+def render(name: str, result: Mapping[str, Any], meta: Mapping[str, Any], out_dir: Path) -> str:
+    """The full Markdown report of one experiment, writing its figures under `out_dir/figures`."""
+    parts = [f"# Coral experiment `{name}` ({meta['setup']})", header(meta)]
+    names = list(result["experiments"]) if name == "all" else [name]
+    for n in names:
+        r = result["experiments"][n] if name == "all" else result
+        parts.append(f"## {TITLES[n]}")
+        parts.append(section(n, r, meta["setup"], out_dir / "figures"))
+    return "\n\n".join(parts) + "\n"
