@@ -611,6 +611,8 @@ _avail_opt = click.option("--availability", type=click.Choice(["abundant", "tigh
 _scale_opt = click.option("--demand-scale", type=float, default=1.0, show_default=True, help="Multiply every model's rate.")
 _jobs_opt = click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Processes for a library build.")
 _cache_opt = click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Template cache folder.")
+_nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
+                         help="Override the scenario's n_max (most nodes per template) for the library.")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -630,7 +632,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
-                           cache_dir: str | None, quiet: bool) -> Any:
+                           cache_dir: str | None, quiet: bool, n_max: int | None = None) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -653,7 +655,7 @@ def _prepare_with_progress(scenario_name: str, demand_scale: float, availability
                 tasks[key] = bar.add_task(f"templates {spec.model.name} {spec.phase.value}", total=total)
             bar.update(tasks[key], completed=done)
 
-        return prepare(scenario, availability=availability, jobs=jobs,
+        return prepare(scenario, availability=availability, jobs=jobs, n_max=n_max,
                        cache_dir=Path(cache_dir) if cache_dir else None, step=step)
 
 
@@ -664,18 +666,19 @@ def _prepare_with_progress(scenario_name: str, demand_scale: float, availability
 @_scale_opt
 @_jobs_opt
 @_cache_opt
+@_nmax_opt
 @click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True)
 @click.option("--gap", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative MIP gap.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the plan as JSON here.")
 @_json_opt
 def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
-             time_limit_s: float, gap: float, out: str | None, as_json: bool) -> None:
+             n_max: int | None, time_limit_s: float, gap: float, out: str | None, as_json: bool) -> None:
     """Which nodes to rent where, and how to split each model across them (DESIGN §4)."""
     from coral.allocator import render_plan
     from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
 
-    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json)
+    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
     result = plan(setup, method, options=SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap))
     data = {"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
             **result.to_json()}
@@ -701,19 +704,20 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
               help="Copy of shared/data holding the traces (default: $CORAL_DATA_DIR or ../shared/data).")
 @_jobs_opt
 @_cache_opt
+@_nmax_opt
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Write summary.json, requests.csv and plots here.")
 @_json_opt
 def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, duration_s: float,
                  epoch_s: float | None, seed: int, data_dir: str | None, jobs: int, cache_dir: str | None,
-                 out: str | None, as_json: bool) -> None:
+                 n_max: int | None, out: str | None, as_json: bool) -> None:
     """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
     re-planning every epoch."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from coral.experiments.pipeline import run_simulation
 
-    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json)
+    setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
     t0 = time.perf_counter()
     with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                   TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:

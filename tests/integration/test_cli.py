@@ -81,3 +81,31 @@ def test_templates_figure(tmp_path):
     assert (out / "fig1a_per_usd.png").stat().st_size > 0 and (out / "fig1b_spectrum.png").stat().st_size > 0
     assert data["best"]["tok_per_s_per_usd"] >= max(
         [v["tok_per_s_per_usd"] for v in data["best_homogeneous_h100"].values()], default=0)
+
+
+def test_plan_and_simulate_json(tmp_path):
+    cache = str(tmp_path / "cache")
+    r = run("plan", "--scenario", "core", "--n-max", "2", "--cache-dir", cache, "--json", "--out", str(tmp_path / "plan.json"))
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.output)
+    for key in ("status", "cost_usd_per_h", "alpha", "solve_s", "gap", "instances", "demand", "nodes"):
+        assert key in plan
+    assert plan["status"] == "optimal" and plan["alpha"] == 1.0
+    assert json.loads((tmp_path / "plan.json").read_text())["cost_usd_per_h"] == plan["cost_usd_per_h"]
+    # capacity covers demand for every (model, phase); the cost is the instances' cost
+    assert all(d["capacity_tok_per_s"] >= d["demand_tok_per_s"] * (1 - 1e-9) for d in plan["demand"])
+    homo = json.loads(run("plan", "--scenario", "core", "--n-max", "2", "--cache-dir", cache, "--method", "homo",
+                          "--json").output)
+    assert homo["cost_usd_per_h"] >= plan["cost_usd_per_h"] * (1 - 1e-9)  # the ILP is optimal over a superset
+
+    r = run("simulate", "--scenario", "core", "--n-max", "2", "--cache-dir", cache, "--duration-s", "120",
+            "--epoch-s", "60", "--json", "--out", str(tmp_path / "sim"))
+    assert r.exit_code == 0, r.output
+    sim = json.loads(r.output)
+    for key in ("cost_usd_per_h", "goodput_tok_per_s", "slo_attainment", "requests", "wall_s", "per_model"):
+        assert key in sim
+    req = sim["requests"]
+    assert req["arrived"] == req["finished"] + req["failed"] + req["in_flight"] > 0
+    assert (tmp_path / "sim" / "summary.json").exists()
+    r = run("plan", "--scenario", "core", "--demand-scale", "-1")
+    assert r.exit_code == 2 and "--demand-scale must be a finite number > 0" in r.output
