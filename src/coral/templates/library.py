@@ -117,7 +117,8 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     beats `floor` (the throughput of a sub-multiset: then this multiset is dominated).
 
     Cheap bounds skip `(S, b)` pairs that cannot win: throughput ≤ `Σ_k u/(t_k·L)` (every layer
-    runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs `Σ_k cap_k ≥ L`.
+    runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs the `S` largest node
+    caps to reach `L`.
     """
     local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
 
@@ -141,7 +142,9 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
             problem = timings.problem(nodes, stages, b)
             if L * t_min + (stages - 1) * problem.comm_s > budget:
                 continue
-            if sum(max(c) for c in problem.cap) < L:
+            # A stage holds at most the smallest cap of its nodes, so S stages hold at most the
+            # S largest node caps together.
+            if sum(sorted((max(c) for c in problem.cap), reverse=True)[:stages]) < L:
                 continue
             got = solve(problem, best.throughput_tok_per_s if best else floor)
             if got is not None and (best is None or got.throughput_tok_per_s > best.throughput_tok_per_s):
