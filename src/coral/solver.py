@@ -27,9 +27,13 @@ objective is recomputed as `c·x` in floating point; the best bound is divided b
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -226,10 +230,35 @@ _Raw = tuple[Status, float, float, np.ndarray | None, str, dict[str, float]]
 
 
 # -- HiGHS -----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """Silence C-level writes to stdout (file descriptor 1) for the block."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stdout (captured): nothing to do
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), fd)
+            try:
+                yield
+            finally:
+                os.dup2(saved, fd)
+    finally:
+        os.close(saved)
+
+
 def _solve_highs(model: MilpModel, options: SolveOptions) -> _Raw:
     import highspy
 
-    h = highspy.Highs()
+    if options.verbose:
+        h = highspy.Highs()
+    else:
+        with _quiet_stdout():  # the constructor prints a banner before any option can be set
+            h = highspy.Highs()
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("time_limit", float(options.time_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
