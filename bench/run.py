@@ -205,16 +205,50 @@ def bench_allocator(quick: bool) -> None:
                     f"{m} ${cost:.2f}/h alpha {alpha:.3g} vs coral ${c:.2f}/h alpha {costs['coral'][1]:.3g}")
 
 
+def _goal_ok(value: float, goal: str) -> bool | None:
+    """Check a goal written as '<= 1 ms', '>= 0.8', '> 1.0' (unit words ignored)."""
+    parts = goal.split()
+    if len(parts) < 2 or parts[0] not in ("<=", ">=", "<", ">"):
+        return None
+    try:
+        bound = float(parts[1])
+    except ValueError:
+        return None
+    return {"<=": value <= bound, ">=": value >= bound, "<": value < bound, ">": value > bound}[parts[0]]
+
+
 def bench_helper(section: str, module: str, quick: bool) -> None:
+    """Run a component's bench module (`run(quick) -> rows`) and print its rows."""
     import importlib
 
     mod = importlib.import_module(module)
     t0 = time.perf_counter()
-    rows = mod.run(quick)
-    for r in rows:
-        name = r.pop("name", None) or r.pop("case", None) or r.pop("figure", None) or ""
-        row(section, str(name)[:58], "", "", None, json.dumps(r, default=lambda x: round(x, 4) if isinstance(x, float) else str(x))[:200])
+    for r in mod.run(quick):
+        if "bench" in r and "value" in r:  # {bench, value, unit, goal}
+            goal = str(r.get("goal") or "")
+            row(section, str(r["bench"])[:58], float(r["value"]), goal, _goal_ok(float(r["value"]), goal),
+                str(r.get("unit", "")))
+        else:
+            name = r.pop("name", None) or r.pop("case", None) or ""
+            row(section, str(name)[:58], "", "", None, json.dumps(r, default=str)[:200])
     row(section, f"{module} wall (s)", time.perf_counter() - t0)
+
+
+def bench_sim(quick: bool) -> None:
+    import sim_bench
+
+    targets = {"core": 30.0, "extended": 120.0}
+    rows = sim_bench.run(quick)
+    for r in rows:
+        case = str(r.get("case") or r.get("name"))
+        base = case.split("-")[0]
+        limit = targets.get(base)
+        label = f"{case}: simulated 30 min, 5 epochs (wall s)" if not quick else f"{case}: wall s (quick)"
+        row("sim", label, r["wall_s"], f"<= {limit:g}" if limit and not quick else "",
+            (r["wall_s"] <= limit) if limit and not quick else None,
+            f"{r['requests']:,} requests, {r['sim_requests_per_s']:,.0f} req/s, {r['events_per_s']:,.0f} events/s")
+    peak = max(r["peak_rss_mib"] for r in rows)
+    row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
 SECTIONS = ("calibration", "exact", "library", "allocator", "sim", "runtime")
@@ -244,7 +278,7 @@ def main() -> None:
             elif section == "allocator":
                 bench_allocator(args.quick)
             elif section == "sim":
-                bench_helper("sim", "sim_bench", args.quick or not args.full)
+                bench_sim(args.quick)
             elif section == "runtime":
                 bench_helper("runtime", "runtime_bench", args.quick or not args.full)
         except Exception as exc:  # a broken section must not hide the others' figures
