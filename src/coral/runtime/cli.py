@@ -28,7 +28,12 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         cluster = load_cluster(config_path)
-        dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port)
+        planner = None
+        if cluster.planner == "allocator":
+            from coral.runtime.planner import AllocatorPlanner
+
+            planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
+        dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
         dep.start(timeout_s=startup_timeout)
     except CoralError as e:
         raise click.ClickException(str(e)) from None

@@ -108,6 +108,8 @@ class ClusterSpec:
     heartbeat_timeout_s: float = 2.0
     max_retries: int = 2
     epoch_s: float = 0.0
+    planner: str = "none"
+    max_nodes: int = 64
     max_body_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 256 * 1024 * 1024
 
@@ -171,6 +173,10 @@ class CoordinatorFile(_Strict):
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="A process silent this long is dead (its instance leaves routing).")
     max_retries: int = Field(2, ge=0, description="Times a request hit by an instance failure is resent elsewhere.")
     epoch_s: float = Field(0.0, ge=0, description="Re-planning period (measure demand, plan, reconcile); 0 = only on request.")
+    planner: Literal["none", "allocator"] = Field("none", description=(
+        "What re-plans each epoch: 'none' keeps the last pushed plan (replacing lost capacity); 'allocator' "
+        "runs the allocation ILP over the file's instance shapes on the observed demand."))
+    max_nodes: int = Field(64, ge=1, description="With planner 'allocator': most engine processes per region.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest HTTP request body.")
     max_message_mib: float = Field(256.0, gt=0, description="Largest ZeroMQ message (the KV hand-off of a long prompt is the biggest).")
 
@@ -226,7 +232,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         dtype=f.dtype, torch_threads=f.torch_threads, models=tuple(models), instances=tuple(instances),
         admin_key=c.admin_key, curve_keys_dir=c.curve_keys_dir, heartbeat_s=c.heartbeat_s,
         heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, epoch_s=c.epoch_s,
-        max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
+        planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
     )  # fmt: skip
 
 

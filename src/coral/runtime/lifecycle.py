@@ -3,7 +3,8 @@
 The planner is injected: ``planner(observed_demand, running_instances) -> desired_instances``
 where ``observed_demand`` is ``{model: {"prefill": tok/s, "decode": tok/s}}`` measured by
 the coordinator over the last epoch and ``running_instances`` is the running plan (ν_prev).
-A ``coral.allocator`` adapter plugs in here; without a planner the last plan pushed
+:class:`coral.runtime.planner.AllocatorPlanner` runs the allocation ILP here (``planner:
+allocator`` in the cluster file); without a planner the last plan pushed
 (:meth:`Controller.apply_plan`, ``POST /admin/plan``) is kept, which still replaces lost
 capacity each epoch.
 
