@@ -6,7 +6,6 @@ rows for the main bench runner. Every figure is measured here, on this machine.
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures as cf
 import http.client
 import json
@@ -140,13 +139,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 def main() -> None:
     """Print the table."""
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true")
-    rows = run(ap.parse_args().quick)
-    w = max(len(r["bench"]) for r in rows)
-    print(f"{'benchmark':<{w}}  {'value':>10}  unit    goal")
-    for r in rows:
-        print(f"{r['bench']:<{w}}  {r['value']:>10.3f}  {r['unit']:<6}  {r['goal']}")
+    from common import main_for
+
+    main_for(run, __doc__)
 
 
 if __name__ == "__main__":
