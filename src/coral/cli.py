@@ -125,7 +125,7 @@ def catalog_models(config_json: str | None, as_json: bool) -> None:
     from coral.catalog import builtin_model, builtin_model_names, load_hf_config
 
     specs = [load_hf_config(config_json)] if config_json else [builtin_model(n) for n in builtin_model_names()]
-    rows = [{"name": m.name, "architecture": m.architecture, "layers": m.num_layers, "total_params_b": m.total_params / 1e9,
+    rows: list[dict[str, Any]] = [{"name": m.name, "architecture": m.architecture, "layers": m.num_layers, "total_params_b": m.total_params / 1e9,
              "active_params_b": m.active_params / 1e9, "weights_gib": m.weights_bytes / 2**30,
              "layer_weight_gib": m.layer_weight_bytes / 2**30, "kv_bytes_per_token": m.kv_bytes_per_token,
              "experts": m.num_experts, "sliding_layers": m.sliding_layers} for m in specs]
@@ -417,7 +417,7 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
         from coral.solver import SolveOptions
         from coral.templates.ilp import solve_placement_ilp
 
-        opts = SolveOptions(backend=backend, time_limit_s=120.0, mip_gap=1e-7)
+        opts = SolveOptions(backend="cpsat" if backend == "cpsat" else "highs", time_limit_s=120.0, mip_gap=1e-7)
 
         def solve_fn(problem: Any, floor: float) -> Any:
             placement, _ = solve_placement_ilp(problem, opts)
@@ -559,15 +559,15 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
                             "tok_per_s_per_usd_h": per_usd, "homogeneous": t.is_homogeneous})
     if as_json:
         return _emit_json(out)
-    t = Table(title=f"Best templates by throughput per $ in {region}")
+    table = Table(title=f"Best templates by throughput per $ in {region}")
     for col in ("model", "phase", "nodes", "kind", "stages (layers)", "b", "tok/s", "$/h", "tok/s per $/h", "latency ms"):
-        t.add_column(col)
+        table.add_column(col)
     for r in out:
-        t.add_row(r["model"], r["phase"], " + ".join(r["nodes"]), "homo" if r["homogeneous"] else "[bold]hetero[/]",
+        table.add_row(r["model"], r["phase"], " + ".join(r["nodes"]), "homo" if r["homogeneous"] else "[bold]hetero[/]",
                   " | ".join(f"{'+'.join(st['nodes'])}:{st['layers']}" for st in r["stages"]), str(r["micro_batch"]),
                   f"{r['throughput_tok_per_s']:,.0f}", f"{r['cost_usd_per_h']:.2f}", f"{r['tok_per_s_per_usd_h']:,.0f}",
                   f"{r['latency_ms']:.0f}")
-    console.print(t)
+    console.print(table)
 
 
 @templates.command("figure")

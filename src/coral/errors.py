@@ -1,4 +1,5 @@
 """User-facing error types: raised for bad input, printed by the CLI without a traceback."""
+from collections.abc import Iterable
 
 
 class CoralError(Exception):
@@ -19,6 +20,6 @@ class UnknownNameError(CoralError, KeyError):
         return str(self.args[0])
 
 
-def unknown(kind: str, name: str, valid: "list[str] | tuple[str, ...] | dict[str, object]") -> UnknownNameError:
+def unknown(kind: str, name: str, valid: "Iterable[str]") -> UnknownNameError:
     """Build the error for an unknown name, listing the valid ones sorted."""
     return UnknownNameError(kind, name, sorted(valid))

@@ -241,7 +241,7 @@ def from_hf_config(config: Mapping[str, Any], name: str) -> ModelSpec:
             kwargs["expert_weight_bytes"] = MXFP4_BYTES_PER_PARAM
     # Sliding windows: gpt-oss lists them per layer; Qwen uses them only when enabled;
     # Mistral and Phi-3 apply `sliding_window` to every layer.
-    window = config.get("sliding_window")
+    window: Any = config.get("sliding_window")
     layer_types = config.get("layer_types")
     sliding_layers = 0
     if layer_types:

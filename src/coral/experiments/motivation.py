@@ -60,7 +60,7 @@ def motivation(*, scenario: str = "extended", model: str = "qwen3-235b-a22b", ph
         raise CoralError(f"no {model} {phase} template at {slo_ms:g} ms can be priced in {region}")
     rows.sort(key=lambda r: -r[0])
     best = rows[0]
-    h100 = {}
+    h100: dict[str, tuple[float, float, Template]] = {}
     for per_usd, cost, t in rows:
         if t.is_homogeneous and t.nodes[0].endswith("xH100"):
             h100.setdefault(t.nodes[0], (per_usd, cost, t))

@@ -68,7 +68,7 @@ def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1
                  library_s=library_s)
 
 
-def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase], float] | None = None,
+def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase | str], float] | None = None,
          prev: Any = None, options: SolveOptions | None = None) -> Plan:
     """Allocate with `method` under the setup's availability."""
     return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
@@ -105,7 +105,7 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
     plans = [plan(setup, method, options=options)]
 
     def replan(now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
-        demand = {(m, Phase(ph)): v / util for (m, ph), v in observed.items()}
+        demand: dict[tuple[str, Phase | str], float] = {(m, Phase(ph)): v / util for (m, ph), v in observed.items()}
         prev = dict(Counter((s.region, s.template.key) for s in running))
         new = plan(setup, method, demand=demand, prev=prev, options=options)
         plans.append(new)

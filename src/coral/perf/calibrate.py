@@ -11,8 +11,8 @@ import math
 import re
 import statistics
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares

@@ -138,7 +138,7 @@ class ModelFile(_Strict):
     name: str = Field(description="The name clients put in the request's `model` field.")
     builtin: str | None = Field(None, description="A built-in config: tiny-llama, tiny-qwen3, tiny-qwen3-moe, small-llama.")
     hf_config: dict[str, Any] | None = Field(None, description="An HF-style config dict with model_type.")
-    weights: WeightsFile = Field(default_factory=lambda: WeightsFile(seed=0), description="Weights of every instance of the model.")
+    weights: WeightsFile = Field(default_factory=lambda: WeightsFile(seed=0, path=None), description="Weights of every instance of the model.")
     max_context: int | None = Field(None, ge=2, description="Longest prompt + completion; default max_position_embeddings.")
 
 
@@ -184,7 +184,7 @@ class CoordinatorFile(_Strict):
 class ClusterFile(_Strict):
     """The whole cluster file."""
 
-    coordinator: CoordinatorFile = Field(default_factory=CoordinatorFile, description="Front end settings.")
+    coordinator: CoordinatorFile = Field(default_factory=lambda: CoordinatorFile(), description="Front end settings.")
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda if present).")
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights and activations dtype.")
     torch_threads: int = Field(1, ge=1, description="PyTorch threads per engine process.")

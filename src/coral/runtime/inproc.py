@@ -88,7 +88,8 @@ def start_inproc_instance(
         t = InprocTransport(hub, f"{name}/{sl.stage}/{sl.node_index}")
         engines.append(EngineNode(t, shard, instance_id=name, stage=sl.stage, node_index=sl.node_index, scheduler=name))
     inst = InprocInstance(sch, engines)
-    for obj in [sch, *engines]:
+    actors: list[Any] = [sch, *engines]
+    for obj in actors:
         th = threading.Thread(target=obj.run, kwargs={"poll_s": 0.02}, daemon=True, name=f"{name}-{type(obj).__name__}")
         th.start()
         inst.threads.append(th)

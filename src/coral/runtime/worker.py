@@ -167,7 +167,11 @@ def run_zygote(spec: dict[str, Any]) -> None:
         reap()
 
     signal.signal(signal.SIGCHLD, reap)
-    signal.signal(signal.SIGTERM, lambda *_: (stop_children(), os._exit(0)))
+    def on_term(*_: Any) -> None:
+        stop_children()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     while True:
         line = sys.stdin.readline()
         if not line:

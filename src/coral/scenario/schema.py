@@ -111,8 +111,8 @@ class ScenarioFile(_Strict):
         "Price a configuration a region does not sell (e.g. AWS has no 2-GPU L40S) at the per-GPU price of the "
         "nearest shape of the same GPU sold there. Off: such configurations are unavailable in that region."))
     prices_csv: str | None = Field(None, description="Replace the built-in prices with this CSV (our format or SkyPilot vms.csv).")
-    perf: PerfEntry = Field(default_factory=PerfEntry, description="Performance model.")
-    planner: PlannerEntry = Field(default_factory=PlannerEntry, description="Planner knobs.")
+    perf: PerfEntry = Field(default_factory=lambda: PerfEntry(), description="Performance model.")
+    planner: PlannerEntry = Field(default_factory=lambda: PlannerEntry(), description="Planner knobs.")
 
     @model_validator(mode="after")
     def _unique(self) -> ScenarioFile:
