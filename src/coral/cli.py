@@ -757,7 +757,10 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
 
 @main.command("demo")
 def demo() -> None:
-    """The main job on the built-in `core` scenario (what `make demo` runs)."""
+    """A one-minute tour on the `core` scenario: catalog, scenario, one perf figure, one template.
+
+    (`make demo` runs the main job instead: `coral experiment cost --setup core`.)
+    """
     ctx = click.get_current_context()
     console.rule("coral catalog configs")
     ctx.invoke(catalog_configs, prices=None, as_json=False)
