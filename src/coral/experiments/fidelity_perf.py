@@ -6,8 +6,12 @@ another, so its time is `b ×` the time of one request of the batch's mean lengt
 the table has no column for. `EnginePerf` adds them through the `PerfModel` interface only, so
 the simulator is used unchanged:
 
-* `layer_time_s`: `b × t_layer(P̄)` (prefill) or `b × t_layer(context)` (decode), per request
-  from the profile rows (averaged over the profiled batch sizes);
+* `layer_time_s`: `t0_layer(x) + b × t_layer(x)` with x = P̄ (prefill) or the context (decode):
+  a straight line in `b` fitted to the profiled batch sizes at each length. The first request
+  of a micro-batch finds the caches cold (the profile evicts them before every run, as the
+  other engines on the host do between two micro-batches of one engine); the next ones find
+  them warm and cost less, so averaging per-request costs over batch sizes would time a
+  micro-batch of one (the usual case at moderate load) too fast;
 * `stage_extra_s`: every stage pays the per-request call cost; the first stage the embedding
   and one scheduler→engine message; the last stage norm + LM head + sampling and one
   engine→scheduler message;
@@ -91,16 +95,17 @@ class EnginePerf(ProfilePerf):
         c, x = self._curve(config, model, shape)
         if c is None:
             return super().layer_time_s(config, model, shape)
-        return shape.batch * c["layer_ms"](x) * 1e-3
+        return (c["layer_ms0"](x) + shape.batch * c["layer_ms"](x)) * 1e-3
 
     def stage_extra_s(self, config: NodeConfig, model: ModelSpec, shape: Shape, *, first: bool, last: bool) -> float:  # noqa: D102
         c, x = self._curve(config, model, shape)
         if c is None:
             return super().stage_extra_s(config, model, shape, first=first, last=last)
-        per_req = c["call_ms"](x) + (c["first_ms"](x) if first else 0.0) + (c["last_ms"](x) if last else 0.0)
+        cols = ["call_ms"] + (["first_ms"] if first else []) + (["last_ms"] if last else [])
+        ms = sum(c[k + "0"](x) + shape.batch * c[k](x) for k in cols)
         hops = (1 if first else 0) + (1 if last else 0)
         step = self.step_extra_s if (first and shape.phase is Phase.DECODE) else 0.0
-        return shape.batch * per_req * 1e-3 + hops * self.host.activation.latency_s + step
+        return ms * 1e-3 + hops * self.host.activation.latency_s + step
 
     def transfer_s(self, model: ModelSpec, shape: Shape, src: NodeConfig, dst: NodeConfig) -> float:  # noqa: D102
         return self.host.activation.time_s(shape.tokens * model.hidden_size * self.act_bytes)
@@ -115,21 +120,40 @@ def _curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _Curve]
     need = ("batch", "context", "call_ms", "first_ms", "last_ms")
     if any(c not in (reader.fieldnames or []) for c in need):
         raise CoralError(f"{path}: not written by `coral profile` (needs columns {', '.join(need)})")
-    acc: dict[tuple[str, str, str], dict[float, list[tuple[float, float, float, float]]]] = {}
+    cols = ("layer_ms", "call_ms", "first_ms", "last_ms")
+    acc: dict[tuple[str, str, str], dict[float, list[tuple[float, ...]]]] = {}
     for i, row in enumerate(reader, start=2):
         try:
             b = float(row["batch"])
-            vals = tuple(float(row[k]) / b for k in ("layer_ms", "call_ms", "first_ms", "last_ms"))
+            vals = (b, *(float(row[k]) for k in cols))
             ctx = float(row["context"])
-        except (ValueError, ZeroDivisionError):
+            if not b > 0:
+                raise ValueError
+        except ValueError:
             raise CoralError(f"{path} row {i}: batch, context and the *_ms columns must be numbers, batch > 0") from None
-        acc.setdefault((row["config"].strip(), row["model"].strip(), row["phase"].strip()), {}).setdefault(ctx, []).append(vals)  # type: ignore[arg-type]
+        acc.setdefault((row["config"].strip(), row["model"].strip(), row["phase"].strip()), {}).setdefault(ctx, []).append(vals)
     out = {}
     for key, pts in acc.items():
         xs = np.array(sorted(pts))
-        means = np.array([np.mean(pts[x], axis=0) for x in xs])
-        out[key] = {name: _Curve(xs, means[:, j]) for j, name in enumerate(("layer_ms", "call_ms", "first_ms", "last_ms"))}
+        fits = np.array([[_fit_batch(np.array(pts[x])[:, 0], np.array(pts[x])[:, 1 + j]) for j in range(len(cols))] for x in xs])
+        curves = {}
+        for j, name in enumerate(cols):
+            curves[name + "0"] = _Curve(xs, fits[:, j, 0])  # once per micro-batch (cold caches)
+            curves[name] = _Curve(xs, fits[:, j, 1])  # per request
+        out[key] = curves
     return out
+
+
+def _fit_batch(b: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
+    """(fixed, per request) ms of a micro-batch of b requests: least squares `fixed + b·per`, both >= 0.
+
+    With one batch size, or a fit that goes negative, the cost is all per request (mean of ms / b).
+    """
+    if len(set(b.tolist())) >= 2:
+        per, fixed = np.polyfit(b, ms, 1)
+        if fixed >= 0 and per >= 0:
+            return float(fixed), float(per)
+    return 0.0, float(np.mean(ms / b))
 
 
 def load_engine_perf(csv_path: str | Path, catalog: Catalog, fallback: PerfModel | None = None) -> EnginePerf:

@@ -22,7 +22,7 @@ import json
 import multiprocessing as mp
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -171,17 +171,17 @@ class _CacheFlush:
 
 
 def _time_shape(shard: Any, phase: str, batch: int, context: int, reps: int, hidden_size: int, vocab: int,
-                flush: _CacheFlush) -> float:
-    """Median seconds of one micro-batch of `batch` requests through `shard`."""
+                flush: _CacheFlush, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median seconds (of `clock`) of one micro-batch of `batch` requests through `shard`."""
     times = []
     if phase == "prefill":
         _run_items(shard, [shard.new_cache()], 0, context, hidden_size, vocab)  # warm the kernels for this length
         for _ in range(reps):
             caches = [shard.new_cache() for _ in range(batch)]
             flush()
-            t0 = time.perf_counter()
+            t0 = clock()
             _run_items(shard, caches, 0, context, hidden_size, vocab)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     else:
         caches = [shard.new_cache() for _ in range(batch)]
         _run_items(shard, caches, 0, context, hidden_size, vocab)  # fill the KV caches (untimed)
@@ -190,9 +190,9 @@ def _time_shape(shard: Any, phase: str, batch: int, context: int, reps: int, hid
         pos += 1
         for _ in range(reps):
             flush()
-            t0 = time.perf_counter()
+            t0 = clock()
             _run_items(shard, caches, pos, 1, hidden_size, vocab)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
             pos += 1
     return statistics.median(times)
 
@@ -220,7 +220,10 @@ def measure_layers(
         batches, prompt_tokens: the prefill grid (micro-batch sizes x prompt lengths).
         decode_batches, contexts: the decode grid (sequences x context lengths).
         device, dtype: where and how the shard runs.
-        reps: timed repetitions per point (median kept).
+        reps: timed repetitions per point (median kept). On the CPU with one torch thread, a
+            run is timed in this process's CPU seconds, not wall seconds, so that other processes
+            on the host do not inflate the table (how the cores are shared is the simulator's
+            host model's business, not the profile's).
         flush_bytes: memory touched before every timed run to evict the caches (0 = time warm runs).
         progress: optional callable(str) told about each point.
 
@@ -247,9 +250,12 @@ def measure_layers(
     }
     grid = [("prefill", b, p) for p in prompt_tokens for b in batches] + [("decode", b, c) for c in contexts for b in decode_batches]
     flush = _CacheFlush(flush_bytes)
+    import torch
+
+    clock = time.process_time if device == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
     rows = []
     for phase, b, ctx in grid:
-        t = {name: _time_shape(sh, phase, b, ctx, reps, hidden, vocab, flush) for name, sh in shards.items()}
+        t = {name: _time_shape(sh, phase, b, ctx, reps, hidden, vocab, flush, clock) for name, sh in shards.items()}
         layer = max((t["midk"] - t["mid1"]) / (k - 1), 1e-7)
         call = max(t["mid1"] - layer, 0.0)
         first = max(t["first"] - t["mid1"], 0.0)

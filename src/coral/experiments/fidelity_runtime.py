@@ -21,7 +21,7 @@ import yaml
 
 from coral.errors import CoralError
 
-__all__ = ["runtime_overhead", "Served", "StageLayout", "InstanceLayout", "RealRequest", "cluster_file", "default_layout", "replay"]
+__all__ = ["CpuMeter", "runtime_overhead", "Served", "StageLayout", "InstanceLayout", "RealRequest", "cluster_file", "default_layout", "replay"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +89,7 @@ class Served:
         self.workdir = workdir
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
         self.url = ""
 
     def __enter__(self) -> Served:
@@ -125,9 +126,133 @@ class Served:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
-        if getattr(self, "_log", None) is not None:
+        if self._log is not None:
             self._log.close()
             self._log = None
+
+
+def _host_busy_s() -> float:
+    """CPU seconds the whole host has been busy (all cores; idle and iowait excluded), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = v
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of process `root` and its live descendants (with their reaped children), from /proc."""
+    hz = os.sysconf("SC_CLK_TCK")
+    cpu, keep = _tree(root)
+    return sum(cpu.get(p, 0.0) for p in keep) / hz
+
+
+def _tree(root: int) -> tuple[dict[int, float], set[int]]:
+    """(pid -> CPU ticks of every process, the pids of `root` and its live descendants), from /proc."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        rest = data[data.rfind(")") + 2:].split()  # after "pid (comm) ": state ppid ... utime stime cutime cstime
+        parent[int(d)] = int(rest[1])
+        cpu[int(d)] = float(sum(int(x) for x in rest[11:15]))
+    keep = {root}
+    changed = True
+    while changed:
+        changed = False
+        for pid, pp in parent.items():
+            if pp in keep and pid not in keep:
+                keep.add(pid)
+                changed = True
+    return cpu, keep
+
+
+def _running(paths: list[str]) -> int:
+    """How many of these /proc/.../stat tasks are runnable now (state R)."""
+    n = 0
+    for p in paths:
+        try:
+            with open(p) as f:
+                data = f.read()
+        except OSError:
+            continue
+        n += data[data.rfind(")") + 2] == "R"
+    return n
+
+
+class CpuMeter:
+    """What other processes on the host (not this one and its descendants) did over a period.
+
+    * `steps`: their runnable threads, sampled every `period_s` (the kernel's running count in
+      /proc/loadavg minus this tree's runnable tasks) as (seconds since entering, threads): the
+      competitors a fair CPU scheduler shares the cores with; `background` is their mean.
+    * `others_cores` / `ours_cores`: CPU they / this tree used (cores, averaged over the period).
+      CPU-bound neighbours soak up whatever is idle, so `others_cores` is not capacity taken away.
+
+    Linux only (reads /proc); elsewhere everything stays 0.
+    """
+
+    def __init__(self, period_s: float = 0.1) -> None:
+        self.period_s = period_s
+        self.others_cores = 0.0
+        self.ours_cores = 0.0
+        self.background = 0.0
+        self.samples = 0
+        self.steps: list[tuple[float, float]] = []
+        self._t0 = self._host0 = self._ours0 = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sum = 0.0
+
+    def _sample(self, tasks: list[str]) -> None:
+        me = f"/proc/{os.getpid()}/task"
+        while not self._stop.wait(self.period_s):
+            try:
+                with open("/proc/loadavg") as f:
+                    running = int(f.read().split()[3].split("/")[0])
+                ours = _running(tasks + [f"{me}/{t}/stat" for t in os.listdir(me)])
+            except (OSError, ValueError, IndexError):
+                continue
+            n = max(0, running - ours)
+            self.steps.append((time.perf_counter() - self._t0, float(n)))
+            self._sum += n
+            self.samples += 1
+
+    def __enter__(self) -> CpuMeter:
+        self._t0 = time.perf_counter()
+        try:
+            self._host0, self._ours0 = _host_busy_s(), _tree_cpu_s(os.getpid())
+            _, tree = _tree(os.getpid())
+            tasks = [f"/proc/{p}/task/{t}/stat" for p in sorted(tree - {os.getpid()})
+                     for t in (os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ())]
+        except (OSError, ValueError, IndexError):
+            self._t0 = -1.0
+            return self
+        self._thread = threading.Thread(target=self._sample, args=(tasks,), daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._t0 < 0:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.samples:
+            self.background = self._sum / self.samples
+        wall = time.perf_counter() - self._t0
+        try:
+            host, ours = _host_busy_s() - self._host0, _tree_cpu_s(os.getpid()) - self._ours0
+        except (OSError, ValueError, IndexError):
+            return
+        if wall > 0:
+            self.ours_cores = max(0.0, ours / wall)
+            self.others_cores = max(0.0, (host - ours) / wall)
 
 
 @dataclass(slots=True)
@@ -158,7 +283,7 @@ class RealRequest:
 def _one(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, rec: RealRequest, timeout_s: float) -> None:
     u = urlparse(url)
     body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout_s)
+    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
     try:
         rec.sent_s = time.perf_counter() - t0
         conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})

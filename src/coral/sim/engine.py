@@ -15,15 +15,19 @@ from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
 from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
 from coral.policy.routing import Candidate, InstanceSpec, SmoothWRR, WrrState, choose_decode
+from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
+from coral.templates.template import Template
 from coral.workload.trace import Trace
 
 ReplanFn = Callable[[float, dict[tuple[str, Phase], float], list[InstanceSpec]], list[InstanceSpec]]
 ProgressFn = Callable[[float, float], None]
+LanesFn = Callable[[Template], int]
 
 # Event kinds, which double as priorities at equal times: work completes before new work
 # arrives, and the epoch boundary sees the state after everything at its instant.
-_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH = range(7)
+# A host's background load changes last (host model only).
+_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH, _BACKGROUND = range(8)
 
 # Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
 # that the performance model is asked once per (node, batch, context bucket), not once a step.
@@ -34,8 +38,21 @@ PREFILL_MAX_PROMPTS = 256  # most prompts one prefill micro-batch takes, however
 _WAITING, _PREFILL, _DECODE, _DONE, _FAILED = range(5)
 
 
+class _Host:
+    """A machine whose cores the busy nodes on it share equally (processor sharing)."""
+
+    __slots__ = ("background", "busy", "cores", "name", "rate")
+
+    def __init__(self, name: str, cores: float, background: float) -> None:
+        self.name = name
+        self.cores = cores
+        self.background = background  # always-runnable threads from outside the cluster
+        self.rate = 1.0  # speed of every busy node on the host: min(1, cores / (len(busy) + background))
+        self.busy: dict[_Node, None] = {}  # insertion-ordered, so re-planning is deterministic
+
+
 class _Node:
-    __slots__ = ("busy", "busy_s", "cfg", "inst", "queue", "started_at")
+    __slots__ = ("busy", "busy_s", "cfg", "host", "inst", "lane", "queue", "rem", "since", "started_at", "version")
 
     def __init__(self, cfg: object, inst: _Instance) -> None:
         self.cfg = cfg
@@ -44,6 +61,13 @@ class _Node:
         self.started_at = 0.0
         self.busy_s = 0.0
         self.queue: deque[_Batch] = deque()
+        # Host model only: the running micro-batch, its work left (seconds at full speed) as of
+        # `since`, and a version that invalidates finish events planned at an older speed.
+        self.host: _Host | None = None
+        self.lane: _Batch | None = None
+        self.rem = 0.0
+        self.since = 0.0
+        self.version = 0
 
 
 class _Batch:
@@ -70,7 +94,7 @@ class _Instance:
                  "weight")
 
     def __init__(self, iid: int, spec: InstanceSpec, midx: int, start_s: float, ready_s: float,
-                 config_of: Callable[[str], object]) -> None:
+                 config_of: Callable[[str], object], lanes: LanesFn | None = None) -> None:
         t = spec.template
         self.id = iid
         self.spec = spec
@@ -97,8 +121,13 @@ class _Instance:
         # Micro-batches in flight, as the memory model budgets them: per node of the narrowest
         # stage, S decode micro-batches of KV, or 2 prefill micro-batches per stage (so the next
         # prompt batch can enter stage 0 while the last one is still in the pipeline).
-        per_node = len(self.stages) if t.phase is Phase.DECODE else 2 * len(self.stages)
-        self.max_lanes = per_node * min(len(s) for s in self.stages)
+        if lanes is None:
+            per_node = len(self.stages) if t.phase is Phase.DECODE else 2 * len(self.stages)
+            self.max_lanes = per_node * min(len(s) for s in self.stages)
+        else:
+            self.max_lanes = int(lanes(t))
+            if self.max_lanes < 1:
+                raise CoralError(f"lanes() gave {self.max_lanes} micro-batches for {spec.key}; needs >= 1")
         self.lanes = [_Batch(self, i) for i in range(self.max_lanes)]
         self.idle_lanes = self.max_lanes
         self.queue: deque[int] = deque()
@@ -108,6 +137,10 @@ class _Sim:
     def __init__(self, scenario: object, traces: Mapping[str, Trace], *, duration_s: float, epoch_s: float,
                  init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None) -> None:
         self.prefill_batching = "tokens"
+        self.lanes: LanesFn | None = None
+        self.spread = False
+        self.hosts: Hosts | None = None
+        self._hosts: dict[str, _Host] = {}
         if not duration_s > 0:
             raise CoralError(f"duration_s must be > 0, got {duration_s}")
         if not epoch_s > 0:
@@ -202,7 +235,8 @@ class _Sim:
         q = self.q
         pop = heapq.heappop
         end = self.duration_s
-        finish, node_arrive, kv_arrive = self._finish, self._node_arrive, self._kv_arrive
+        finish = self._finish if self.hosts is None else self._host_finish
+        node_arrive, kv_arrive = self._node_arrive, self._kv_arrive
         events = 0
         while q:
             t, kind, _, a, b = q[0]
@@ -223,6 +257,9 @@ class _Sim:
             elif kind == _RETIRE:
                 if a.retiring and a.state is Lifecycle.ACTIVE:
                     self._remove(t, a)
+            elif kind == _BACKGROUND:
+                a.background = b
+                self._rerate(t, a)
             else:
                 self._epoch(t)
         self.events = events
@@ -237,7 +274,23 @@ class _Sim:
         for name in spec.template.nodes:
             if (spec.region, name) not in self.sc.prices:  # type: ignore[attr-defined]
                 raise CoralError(f"no price for {name} in region {spec.region!r}")
-        inst = _Instance(len(self.instances), spec, self.midx[m], now, ready_s, self.config)
+        inst = _Instance(len(self.instances), spec, self.midx[m], now, ready_s, self.config, self.lanes)
+        if self.hosts is not None:
+            for s, nodes in enumerate(inst.stages):
+                for k, node in enumerate(nodes):
+                    try:
+                        name = self.hosts.host_of(spec, s, k)
+                    except ValueError as e:
+                        raise CoralError(str(e)) from None
+                    h = self._hosts.get(name)
+                    if h is None:
+                        h = self._hosts[name] = _Host(name, float(self.hosts.cores[name]), 0.0)
+                        for at, threads in self.hosts.background_steps(name):
+                            if at <= now:  # nothing runs on the new host yet: set, no event
+                                h.background = threads
+                            else:
+                                self.push(at, _BACKGROUND, h, threads)
+                    node.host = h
         served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
         shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, served.prompt_tokens_mean),
                       output_tokens=served.output_tokens_mean)
@@ -313,8 +366,14 @@ class _Sim:
         inst.held += 1
         self._start_prefill(t, inst)
 
+    def _spread_cap(self, inst: _Instance) -> int:
+        """Requests per micro-batch when spreading: ceil(held in lanes + queued) / lanes), as the runtime's scheduler."""
+        held = sum(len(x.rids) for x in inst.lanes)
+        return -(-(held + len(inst.queue)) // inst.max_lanes)
+
     def _start_prefill(self, t: float, inst: _Instance) -> None:
         queue = inst.queue
+        cap = self._spread_cap(inst) if self.spread and queue else 0
         while queue and inst.idle_lanes:
             lane = next(x for x in inst.lanes if not x.running)
             inst.idle_lanes -= 1
@@ -324,6 +383,8 @@ class _Sim:
             total = 0
             budget = inst.token_budget
             most = PREFILL_MAX_PROMPTS if budget != math.inf else inst.b
+            if cap and cap < most:
+                most = cap
             while queue and len(rids) < most and (not rids or total + self.r_prompt[queue[0]] <= budget):
                 rid = queue.popleft()
                 rids[rid] = None
@@ -363,7 +424,51 @@ class _Sim:
             pstart = self.r_pstart
             for rid in lane.rids:
                 pstart[rid] = t
-        self.push(t + self._node_time(node, lane), _FINISH, node, lane)
+        host = node.host
+        if host is None:
+            self.push(t + self._node_time(node, lane), _FINISH, node, lane)
+            return
+        node.lane = lane
+        node.rem = self._node_time(node, lane)
+        node.since = t
+        host.busy[node] = None
+        self._rerate(t, host, node)
+
+    # -- host model (processor sharing) -----------------------------------------------------------
+    def _rerate(self, t: float, host: _Host, new: _Node | None = None) -> None:
+        """The host's busy count changed: every busy node's speed is min(1, cores / (busy + background)).
+
+        Nodes already running are advanced to `t` at the old speed and, if the speed changed,
+        get a new finish event (the old one becomes stale through the version); `new` (just
+        started, its work in `rem`) always gets one.
+        """
+        n = len(host.busy)
+        rate = min(1.0, host.cores / (n + host.background)) if n else 1.0
+        old = host.rate
+        if rate != old:
+            host.rate = rate
+            for x in host.busy:
+                if x is new:
+                    continue
+                x.rem = max(0.0, x.rem - old * (t - x.since))
+                x.since = t
+                x.version += 1
+                self.push(t + x.rem / rate, _FINISH, x, x.version)
+        if new is not None:
+            new.version += 1
+            self.push(t + new.rem / rate, _FINISH, new, new.version)
+
+    def _host_finish(self, t: float, node: _Node, version: int) -> None:
+        if version != node.version or not node.busy:
+            return  # planned at a speed that has since changed
+        host = node.host
+        assert host is not None and node.lane is not None
+        lane = node.lane
+        node.lane = None
+        node.rem = 0.0
+        del host.busy[node]
+        self._rerate(t, host)
+        self._finish(t, node, lane)
 
     def _finish(self, t: float, node: _Node, lane: _Batch) -> None:
         node.busy_s += t - node.started_at
@@ -427,16 +532,26 @@ class _Sim:
     def _kv_arrive(self, t: float, inst: _Instance, rid: int) -> None:
         self.r_kv[rid] = t
         inst.queue.append(rid)
-        if inst.idle_lanes:
+        if not self.spread:
+            if inst.idle_lanes:
+                lane = next(x for x in inst.lanes if not x.running)
+                self._fill(t, lane)
+                self._start_step(t, lane)
+            return
+        # Spread: the queue goes over the idle lanes, ceil(held + queued) / lanes) each at most.
+        cap = self._spread_cap(inst)
+        while inst.queue and inst.idle_lanes:
             lane = next(x for x in inst.lanes if not x.running)
-            self._fill(t, lane)
+            self._fill(t, lane, cap)
             self._start_step(t, lane)
 
-    def _fill(self, t: float, lane: _Batch) -> None:
+    def _fill(self, t: float, lane: _Batch, cap: int | None = None) -> None:
         inst = lane.inst
         queue = inst.queue
         rids = lane.rids
         room = inst.b - len(rids)
+        if self.spread:
+            room = min(inst.b, cap if cap is not None else self._spread_cap(inst)) - len(rids)
         while room > 0 and queue:
             rid = queue.popleft()
             room -= 1
@@ -594,7 +709,8 @@ class _Sim:
 
 def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
-             progress: ProgressFn | None = None, prefill_batching: str = "tokens") -> SimResult:
+             progress: ProgressFn | None = None, prefill_batching: str = "tokens", lanes: LanesFn | None = None,
+             spread: bool = False, hosts: Hosts | None = None) -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -615,19 +731,31 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         prefill_batching: "tokens" (default): a prefill micro-batch takes queued prompts up to the
             template's token budget `b·P̄` (at least one prompt), as engines' max-batched-tokens
             does; "requests": up to `b` prompts whatever their lengths.
+        lanes: template -> micro-batches an instance keeps in flight at once. None (default): the
+            memory model's `2·S·min_s d_s` (prefill) or `S·min_s d_s` (decode). The Coral runtime's
+            scheduler keeps `S` groups (`lambda t: len(t.placement.stages)`).
+        spread: False (default): a free lane takes queued requests up to its micro-batch, FIFO.
+            True: as the runtime's scheduler, at most `ceil((held + queued) / lanes)` requests per
+            lane, so that a few waiting requests go to different lanes instead of one.
+        hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
+            cores, a busy node running at speed `min(1, cores / (busy nodes on the host + background))`.
 
     Returns:
         The run's `SimResult`.
 
     Raises:
         CoralError: bad durations, a trace or instance for a model the scenario lacks, or an
-            instance in a region without a price for one of its nodes.
+            instance in a region without a price for one of its nodes, a `lanes` below 1, a node
+            placed on an unknown host.
     """
     if prefill_batching not in ("tokens", "requests"):
         raise CoralError(f"prefill_batching must be 'tokens' or 'requests', got {prefill_batching!r}")
     sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
                replan=replan, progress=progress)
     sim.prefill_batching = prefill_batching
+    sim.lanes = lanes
+    sim.spread = spread
+    sim.hosts = hosts
     for spec in initial:
         sim.start_instance(spec, 0.0, 0.0)
     return sim.run()

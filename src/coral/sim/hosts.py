@@ -1,0 +1,84 @@
+"""An optional host model for the simulator: engine nodes that share a machine's CPU cores."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from coral.policy.routing import InstanceSpec
+
+# (instance spec, stage index, node index in the stage) -> host name
+PlaceFn = Callable[[InstanceSpec, int, int], str]
+# a constant number of outside runnable threads, or steps (from_s, threads) in time order
+Background = float | Sequence[tuple[float, float]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hosts:
+    """Hosts with a number of cores each, and which host every simulated engine node runs on.
+
+    With a host model, a busy node runs at speed `min(1, cores / (busy nodes on its host +
+    background))` (processor sharing, as a fair CPU scheduler shares cores between runnable
+    threads); without one (the default) every node is its own server. Use it when
+    engine processes share a machine, as the local runtime does in the fidelity study; a cloud
+    cluster with one engine per accelerator does not need it.
+
+    Attributes:
+        cores: host name -> cores (a float, so that measured effective cores can be used); > 0.
+        place: (instance spec, stage, node index in the stage) -> host name. None: every node
+            runs on the only host (then `cores` must name exactly one).
+        background: host name -> runnable threads from outside the simulated cluster competing
+            for its cores (other jobs on the machine): a number, or steps `((from_s, threads),
+            ...)` in increasing time (0 before the first step); default 0.
+    """
+
+    cores: Mapping[str, float] = field(default_factory=dict)
+    place: PlaceFn | None = None
+    background: Mapping[str, Background] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.cores:
+            raise ValueError("Hosts needs at least one host in cores")
+        for name, c in self.cores.items():
+            if not (isinstance(c, int | float) and math.isfinite(c) and c > 0):
+                raise ValueError(f"host {name!r}: cores must be a finite number > 0, got {c!r}")
+        if self.place is None and len(self.cores) != 1:
+            raise ValueError(f"Hosts with {len(self.cores)} hosts needs a place function")
+        bg: dict[str, Background] = {}
+        for name, b in self.background.items():
+            if name not in self.cores:
+                raise ValueError(f"background for unknown host {name!r}")
+            steps = [(0.0, b)] if isinstance(b, int | float) else list(b)
+            last = -math.inf
+            for t, v in steps:
+                if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f"host {name!r}: background must be a finite number >= 0, got {v!r}")
+                if not t > last:
+                    raise ValueError(f"host {name!r}: background steps must be in increasing time, got {t!r} after {last!r}")
+                last = t
+            bg[name] = b if isinstance(b, int | float) else tuple((float(t), float(v)) for t, v in steps)
+        object.__setattr__(self, "cores", dict(self.cores))
+        object.__setattr__(self, "background", bg)
+
+    @classmethod
+    def single(cls, cores: float, name: str = "host", background: Background = 0.0) -> Hosts:
+        """Every node on one host with `cores` cores (and `background` outside threads competing for them)."""
+        return cls(cores={name: cores}, background={name: background})
+
+    def background_steps(self, name: str) -> tuple[tuple[float, float], ...]:
+        """The host's background as steps (from_s, threads); a constant is one step at 0."""
+        b = self.background.get(name, 0.0)
+        return ((0.0, float(b)),) if isinstance(b, int | float) else tuple(b)  # type: ignore[arg-type]
+
+    def host_of(self, spec: InstanceSpec, stage: int, node: int) -> str:
+        """The host of node `node` of stage `stage` of an instance of `spec`.
+
+        Raises:
+            ValueError: the place function named a host that `cores` lacks.
+        """
+        if self.place is None:
+            return next(iter(self.cores))
+        name = self.place(spec, stage, node)
+        if name not in self.cores:
+            raise ValueError(f"place() put a node of {spec.key} on unknown host {name!r}; hosts: {', '.join(self.cores)}")
+        return name
