@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coral import __version__
+from coral.atomic import write_text
 from coral.cli_support import CoralGroup, err_console
 from coral.errors import CoralError
 
@@ -615,22 +616,6 @@ _nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
                          help="Override the scenario's n_max (most nodes per template) for the library.")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write a file via a temporary name in the same folder, so nothing is half-written."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
                            cache_dir: str | None, quiet: bool, n_max: int | None = None) -> Any:
     from rich.progress import (
@@ -683,7 +668,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     data = {"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
             **result.to_json()}
     if out:
-        _write_atomic(Path(out), json.dumps(data, indent=2, default=str))
+        write_text(Path(out), json.dumps(data, indent=2, default=str))
     if as_json:
         return _emit_json(data)
     render_plan(result, console)
@@ -731,7 +716,7 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
     summary["solve_s"] = [p.solve_s for p in run.plans]
     if out:
         run.result.write(Path(out))
-        _write_atomic(Path(out) / "plans.json", json.dumps([p.to_json() for p in run.plans], indent=2, default=str))
+        write_text(Path(out) / "plans.json", json.dumps([p.to_json() for p in run.plans], indent=2, default=str))
     if as_json:
         return _emit_json(summary)
     t = Table(title=f"{setup.scenario.name} / {method} / {availability}: {duration_s:g} s simulated in {summary['wall_s']:.1f} s")

@@ -4,9 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +15,7 @@ import click
 from rich.console import Console
 
 from coral import __version__
+from coral.atomic import building_dir
 from coral.cli_support import CoralGroup, err_console
 from coral.errors import CoralError
 from coral.experiments.runner import EXPERIMENTS, SETUPS, RunConfig, Session, run_experiment
@@ -133,24 +132,10 @@ def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_
 def _write(out_dir: Path, name: str, meta: dict[str, Any], result: dict[str, Any],
            render: Callable[[str, Any, Any, Path], str]) -> None:
     """Write everything into a temporary sibling folder, then move it into place."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with building_dir(out_dir) as tmp:
         text = render(name, result, meta, tmp)
         (tmp / "report.md").write_text(text)
         (tmp / "summary.json").write_text(json.dumps(_clean({**meta, **result}), indent=2, default=str) + "\n")
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-        if old.exists():
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _command_for(name: str, doc: str) -> click.Command:

@@ -2,13 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coral.atomic import building_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import load_scenario
@@ -88,9 +86,7 @@ def _write(out: Path, result: dict[str, Any]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
+    with building_dir(out) as tmp:
         labels, values, colors = [], [], []
         if result["best_heterogeneous"]:
             b = result["best_heterogeneous"]
@@ -139,9 +135,3 @@ def _write(out: Path, result: dict[str, Any]) -> None:
                          f"(paper: {526 / 481:.2f}x).")
         lines += ["", "![Fig. 1(a)](fig1a_per_usd.png)", "", "![Fig. 1(b)](fig1b_spectrum.png)", ""]
         (tmp / "figure.md").write_text("\n".join(lines))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -4,13 +4,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from coral.atomic import building_dir
 
 STATUS_NAMES = ("in_flight", "in_flight", "in_flight", "finished", "failed")  # by engine status code
 _DONE, _FAILED = 3, 4
@@ -246,12 +246,7 @@ class SimResult:
             OSError: the folder cannot be written.
         """
         out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
+        with building_dir(out) as tmp:
             (tmp / "summary.json").write_text(json.dumps(_clean(self.summary(timing=False)), indent=2) + "\n")
             (tmp / "timing.json").write_text(json.dumps(
                 {"wall_s": self.wall_s, "events": self.events,
@@ -260,15 +255,6 @@ class SimResult:
             from coral.sim.plots import write_plots  # matplotlib only when writing
 
             write_plots(self, tmp / "plots")
-            old = out.parent / f".{out.name}.old-{os.getpid()}"
-            if out.exists():
-                os.replace(out, old)
-            os.replace(tmp, out)
-            if old.exists():
-                shutil.rmtree(old)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return out
 
     def _write_csv(self, path: Path) -> None:

@@ -5,13 +5,13 @@ import hashlib
 import itertools
 import json
 import os
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from coral.atomic import write_text
 from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
@@ -285,20 +285,10 @@ def _read_cache(path: Path) -> tuple[list[Template], LibraryStats] | None:
 
 
 def _write_cache(path: Path, templates: list[Template], stats: LibraryStats) -> None:
-    """Write atomically: a temporary file in the same folder, then rename, so an interrupted
-    build never leaves a half-written entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically (a temporary file, then rename), so an interrupted build never leaves a
+    half-written entry."""
     head = {"format": LIBRARY_FORMAT, "stats": {**asdict(stats), "phase": stats.phase.value}}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(head) + "\n")
-            for t in templates:
-                f.write(json.dumps(template_to_dict(t)) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text(path, "".join(json.dumps(x) + "\n" for x in [head, *map(template_to_dict, templates)]))
 
 
 def build_cached(spec: TemplateSpec, perf: PerfModel, cache_dir: Path | None,
