@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -64,10 +65,39 @@ class Provisioner(ABC):
         """Stop every process started, within ``timeout_s`` (then kill)."""
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A free port for a child to bind later, chosen below the kernel's ephemeral range.
+
+    A port taken with `bind(0)` and released is back in the ephemeral pool at once, so any
+    process binding port 0 in between (our own engines and coordinator do) can take it before
+    the child binds: the port is picked at random under that range instead, where nothing is
+    handed out automatically, and never twice by this process.
+    """
+    low = max(1025, _ephemeral_low() - 12000)
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(low, low + 12000)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise CoralError(f"no free port found on {host} between {low} and {low + 12000}")
 
 
 class LocalProvisioner(Provisioner):
