@@ -198,6 +198,16 @@ def _weights(w: WeightsFile, where: str) -> tuple[int | None, str | None]:
     return w.seed, w.path
 
 
+def _validate(cls: Any, data: Any, source: str) -> Any:
+    """`cls.model_validate(data)`, its first problem as a CoralError naming the field."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+
+
 def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
     """Validate a parsed cluster file and build the domain spec.
 
@@ -211,12 +221,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
     Raises:
         CoralError: naming the first problem found.
     """
-    try:
-        f = ClusterFile.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+    f = _validate(ClusterFile, data, source)
     models = _models(f.models)
     instances = _instances(f.instances, models, source)
     if len({i.name for i in instances}) != len(instances):
@@ -256,12 +261,7 @@ def parse_instances(data: Any, cluster: ClusterSpec, source: str = "plan") -> tu
     Raises:
         CoralError: naming the first problem found.
     """
-    try:
-        f = PlanFile.model_validate(data)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise CoralError(f"{source}: {loc}: {err['msg']}") from None
+    f = _validate(PlanFile, data, source)
     instances = _instances(f.instances, list(cluster.models), source)
     if len({i.name for i in instances}) != len(instances):
         raise CoralError(f"{source}: duplicate instance names")
