@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from coral.templates import kernel
 from coral.templates.problem import Placement, PlacementProblem, evaluate, position
 
 Counts = tuple[int, ...]
@@ -167,6 +168,62 @@ def _list_structure(counts: Counts, stages: int) -> tuple[tuple[tuple[Counts, in
 
 def solve_exact(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache | None = None,
                 local: dict[tuple[object, ...], tuple[_Slot, list[int]]] | None = None) -> Placement | None:
+    """The throughput-optimal placement of `problem` (fixed S and b) above `floor`, or None.
+
+    Uses the compiled search (`coral.templates.kernel`) when numba is available, otherwise
+    the numpy one (`solve_exact_numpy`); both give the same optimum and tie-break alike.
+    """
+    if kernel.enabled():
+        return solve_exact_jit(problem, floor)
+    return solve_exact_numpy(problem, floor, cache, local)
+
+
+def _node_types(p: PlacementProblem) -> list[list[int]]:
+    """Nodes grouped by what the problem says of them (identical nodes are interchangeable)."""
+    types: dict[tuple[float, tuple[float, ...], tuple[int, ...]], list[int]] = {}
+    for k in range(len(p.nodes)):
+        types.setdefault((p.t[k], p.o[k], p.cap[k]), []).append(k)
+    return list(types.values())
+
+
+def assign_blocks(groups: list[list[int]], blocks: list[Counts]) -> list[list[int]]:
+    """Concrete node indices per stage for a stage list given as type counts."""
+    pools = [list(g) for g in groups]
+    assignment = []
+    for block in blocks:
+        members = []
+        for g, n in enumerate(block):
+            members.extend(pools[g][:n])
+            del pools[g][:n]
+        assignment.append(sorted(members))
+    return assignment
+
+
+def solve_exact_jit(problem: PlacementProblem, floor: float = 0.0) -> Placement | None:
+    """`solve_exact` through the compiled search (needs numba)."""
+    p = problem
+    budget = p.budget_s * (1 + 1e-9) - (p.stages - 1) * p.comm_s
+    if budget < 0:
+        return None
+    groups = _node_types(p)
+    counts = tuple(len(g) for g in groups)
+    blocks, rows_all, row_off, keys = kernel.structure(counts, len(p.nodes))
+    rows = rows_all[row_off[p.stages]:row_off[p.stages + 1], :p.stages]
+    t = np.array([p.t[g[0]] for g in groups], dtype=float)
+    o = np.array([p.o[g[0]] for g in groups], dtype=float)
+    cap = np.array([p.cap[g[0]] for g in groups], dtype=np.int64)
+    js = np.zeros(p.stages, dtype=np.int64)
+    _, row = kernel.solve_depth(p.num_layers, p.stages, budget, float(p.u), t, o, cap, blocks, rows, float(floor), js)
+    if row < 0:
+        return None
+    assignment = assign_blocks(groups, [keys[i] for i in rows[row].tolist()])
+    placement = evaluate(p, assignment, js.tolist())
+    assert placement is not None, "exact search produced a placement that fails verification"
+    return placement
+
+
+def solve_exact_numpy(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache | None = None,
+                      local: dict[tuple[object, ...], tuple[_Slot, list[int]]] | None = None) -> Placement | None:
     """The throughput-optimal placement of `problem` (fixed S and b), or None if infeasible.
 
     All stage lists are checked at once (numpy): for a target Θ, each slot's `U_s(Θ)`; a list is
@@ -189,10 +246,7 @@ def solve_exact(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache
         stage list in enumeration order wins), or None.
     """
     p = problem
-    types: dict[tuple[float, tuple[float, ...], tuple[int, ...]], list[int]] = {}
-    for k in range(len(p.nodes)):
-        types.setdefault((p.t[k], p.o[k], p.cap[k]), []).append(k)
-    groups = list(types.values())
+    groups = _node_types(p)
     counts = tuple(len(g) for g in groups)
     slot_keys, slot_idx, _ = _list_structure(counts, p.stages)
     # 1e-9 relative slack absorbs the rounding of the run-based latency (see _Slot).
@@ -271,15 +325,7 @@ def solve_exact(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache
     stages = [_Stage(members_of[i], int(caps[i]), slots[i]) for i in slot_idx[row].tolist()]
     split = _min_latency(stages, u, L)
     assert split is not None
-    # Map type counts back to concrete node indices.
-    pools = [list(g) for g in groups]
-    assignment = []
-    for i in slot_idx[row].tolist():
-        members = []
-        for g, n in enumerate(slot_keys[i][0]):
-            members.extend(pools[g][:n])
-            del pools[g][:n]
-        assignment.append(sorted(members))
+    assignment = assign_blocks(groups, [slot_keys[i][0] for i in slot_idx[row].tolist()])
     placement = evaluate(p, assignment, split[1])
     assert placement is not None, "exact search produced a placement that fails verification"
     return placement

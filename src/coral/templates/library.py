@@ -11,12 +11,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from coral.atomic import write_text
 from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
-from coral.templates.exact import solve_exact
+from coral.templates import kernel
+from coral.templates.exact import assign_blocks, solve_exact
 from coral.templates.problem import (
     FIRST,
     LAST,
@@ -26,6 +29,7 @@ from coral.templates.problem import (
     PlacementProblem,
     Stage,
     decode_caps,
+    evaluate,
 )
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
@@ -97,13 +101,27 @@ class _Timings:
                         for p in POSITIONS)
         self.network = {c.name: c.network_bytes_per_s for c in spec.configs}
         self.curves: dict[tuple[object, ...], Any] = {}  # exact search's stage curves, shared
+        # The same numbers as arrays for the compiled search: [batch, config(, position)] and
+        # caps [batch, S-1, config, position] with decode's cadence folded in.
+        names = [c.name for c in spec.configs]
+        self.index = {n: i for i, n in enumerate(names)}
+        self.batch_arr = np.array(spec.batches, dtype=np.int64)
+        self.work = np.array([self.u[b] for b in spec.batches], dtype=float)
+        self.T = np.array([[self.t[(n, b)] for n in names] for b in spec.batches], dtype=float)
+        self.O = np.array([[self.o[(n, b)] for n in names] for b in spec.batches], dtype=float)
+        self.COMM = np.array([[self.comm[(n, b)] for n in names] for b in spec.batches], dtype=float)
+        self.CAP = np.array([[[self._caps(n, b, s) for n in names] for s in range(1, spec.n_max + 1)]
+                             for b in spec.batches], dtype=np.int64).reshape(len(spec.batches), spec.n_max, len(names), 4)
+
+    def _caps(self, name: str, batch: int, stages: int) -> tuple[int, int, int, int]:
+        cap = self.cap[(name, batch, stages)]
+        if self.spec.phase is Phase.DECODE:
+            return decode_caps(self.t[(name, batch)], self.o[(name, batch)], cap, self.spec.slo_ms / 1e3, stages)
+        return cap
 
     def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
         slowest = min(nodes, key=lambda n: self.network[n])
-        caps = [self.cap[(n, batch, stages)] for n in nodes]
-        if self.spec.phase is Phase.DECODE:
-            caps = [decode_caps(self.t[(n, batch)], self.o[(n, batch)], c, self.spec.slo_ms / 1e3, stages)
-                    for n, c in zip(nodes, caps, strict=True)]
+        caps = [self._caps(n, batch, stages) for n in nodes]
         return PlacementProblem(
             num_layers=self.spec.model.num_layers, stages=stages, batch=batch, nodes=tuple(nodes),
             t=tuple(self.t[(n, batch)] for n in nodes), o=tuple(self.o[(n, batch)] for n in nodes),
@@ -118,8 +136,11 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
 
     Cheap bounds skip `(S, b)` pairs that cannot win: throughput ≤ `Σ_k u/(t_k·L)` (every layer
     runs somewhere), latency ≥ `L·min_k t_k + (S−1)·comm`, and memory needs the `S` largest node
-    caps to reach `L`.
+    caps to reach `L`. With the default solver and numba present, the whole loop runs compiled
+    (`kernel.solve_multiset`, same order and bounds).
     """
+    if solver is None and kernel.enabled() and len(nodes) <= timings.spec.n_max:
+        return _solve_multiset_jit(timings, nodes, floor)
     local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
 
     def exact(problem: PlacementProblem, floor_: float) -> Placement | None:
@@ -150,6 +171,27 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
             if got is not None and (best is None or got.throughput_tok_per_s > best.throughput_tok_per_s):
                 best = got
     return best
+
+
+def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -> Placement | None:
+    names = list(dict.fromkeys(nodes))  # node types in order of first appearance
+    groups = [[k for k, n in enumerate(nodes) if n == name] for name in names]
+    counts = tuple(len(g) for g in groups)
+    blocks, rows_all, row_off, keys = kernel.structure(counts, len(nodes))
+    slowest = timings.index[min(nodes, key=lambda n: timings.network[n])]
+    js = np.zeros(len(nodes), dtype=np.int64)
+    _, stages, bi, row = kernel.solve_multiset(
+        timings.spec.model.num_layers, timings.spec.slo_ms / 1e3, float(floor),
+        np.array([timings.index[n] for n in names], dtype=np.int64), np.array(counts, dtype=np.int64),
+        timings.batch_arr, timings.work, timings.T, timings.O, timings.CAP, timings.COMM[:, slowest].copy(),
+        blocks, rows_all, row_off, js)
+    if stages < 0:
+        return None
+    lst = rows_all[row_off[stages] + row, :stages].tolist()
+    assignment = assign_blocks(groups, [keys[i] for i in lst])
+    placement = evaluate(timings.problem(nodes, stages, int(timings.spec.batches[bi])), assignment, js[:stages].tolist())
+    assert placement is not None, "exact search produced a placement that fails verification"
+    return placement
 
 
 def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:

@@ -3,8 +3,9 @@ import random
 
 import pytest
 
+from coral.templates import kernel
 from coral.templates.bruteforce import solve_bruteforce
-from coral.templates.exact import solve_exact, stage_lists
+from coral.templates.exact import solve_exact, solve_exact_jit, solve_exact_numpy, stage_lists
 from coral.templates.problem import PlacementProblem, evaluate
 
 
@@ -84,3 +85,39 @@ def test_decode_caps_hand_example():
     # LM head (last position) holds at most floor((50 - 2) / 4) = 12 layers there, 12 in the
     # middle (floor(50/4) = 12); memory (10) binds first elsewhere.
     assert decode_caps(4e-3, (0.0, 0.0, 2e-3, 2e-3), (10, 20, 20, 20), 0.1, 2) == (10, 12, 12, 12)
+
+
+needs_jit = pytest.mark.skipif(not kernel.HAVE_JIT, reason="numba is not installed")
+
+
+@needs_jit
+@pytest.mark.parametrize("seed", range(40))
+def test_compiled_and_numpy_search_agree(seed):
+    # Up to 6 nodes of up to 5 kinds, up to 94 layers, random floors: the compiled search and the
+    # numpy one return the same optimum and the same placement (same tie-break), or both None.
+    rng = random.Random(1000 + seed)
+    for _ in range(10):
+        n = rng.randint(1, 6)
+        L = rng.randint(max(2, n), 94)
+        kinds = [(rng.uniform(1e-3, 5e-3), tuple(rng.uniform(0, 4e-3) for _ in range(4)),
+                  tuple(rng.randint(1, L) for _ in range(4))) for _ in range(rng.randint(1, 5))]
+        nodes = [rng.choice(kinds) for _ in range(n)]
+        p = PlacementProblem(num_layers=L, stages=rng.randint(1, n), batch=1,
+                             nodes=tuple(f"k{kinds.index(k)}" for k in nodes), t=tuple(k[0] for k in nodes),
+                             o=tuple(k[1] for k in nodes), cap=tuple(k[2] for k in nodes), u=rng.uniform(1, 100),
+                             budget_s=rng.uniform(20e-3, 400e-3), comm_s=rng.uniform(0, 2e-3))
+        floor = 0.0 if rng.random() < 0.5 else rng.uniform(0, 2000)
+        jit, ref = solve_exact_jit(p, floor), solve_exact_numpy(p, floor)
+        assert (jit is None) == (ref is None)
+        if ref is not None:
+            assert jit.throughput_tok_per_s == pytest.approx(ref.throughput_tok_per_s, rel=1e-12)
+            assert [s.node_index for s in jit.stages] == [s.node_index for s in ref.stages]
+            assert [s.layers for s in jit.stages] == [s.layers for s in ref.stages]
+            assert jit.throughput_tok_per_s > floor
+
+
+def test_no_jit_switch(monkeypatch):
+    monkeypatch.setenv("CORAL_NO_JIT", "1")
+    assert not kernel.enabled()
+    monkeypatch.setenv("CORAL_NO_JIT", "0")
+    assert kernel.enabled() == kernel.HAVE_JIT

@@ -6,11 +6,13 @@ import pytest
 from coral.errors import CoralError
 from coral.perf import Phase
 from coral.scenario import load_scenario
-from coral.templates.exact import solve_exact
+from coral.templates import kernel
+from coral.templates.exact import solve_exact, solve_exact_numpy
 from coral.templates.library import (
     _Timings,
     build_library,
     enumerate_multisets,
+    solve_multiset,
     specs_for,
     template_from_dict,
     template_to_dict,
@@ -101,3 +103,36 @@ def test_cache_key_ignores_unused_gpus(core):
     assert spec.cache_key(RooflinePerf(efficiency=other)) == spec.cache_key(RooflinePerf())
     changed = dict(FITTED_EFFICIENCY, L4=Efficiency(flops=0.1, bandwidth=0.1))
     assert spec.cache_key(RooflinePerf(efficiency=changed)) != spec.cache_key(RooflinePerf())
+
+
+@pytest.mark.skipif(not kernel.HAVE_JIT, reason="numba is not installed")
+@pytest.mark.parametrize("phase", [Phase.PREFILL, Phase.DECODE])
+def test_compiled_multiset_loop_matches_numpy(phase):
+    # The compiled loop over depths and micro-batches (kernel.solve_multiset) against the Python
+    # loop around the numpy search, on core multisets of up to 5 nodes, with and without a floor.
+    import random
+
+    scenario = load_scenario("core")
+    rng = random.Random(7)
+    for spec in specs_for(scenario, n_max=5, phases=[phase]):
+        timings = _Timings(scenario.perf, spec)
+        _, cands = enumerate_multisets(spec.configs, spec.model, 5, spec.rho)
+        for nodes in rng.sample(cands, min(40, len(cands))):
+            ref = solve_multiset(timings, nodes, 0.0, lambda p, f: solve_exact_numpy(p, f))
+            floor = ref.throughput_tok_per_s * rng.uniform(0.9, 1.01) if ref is not None and rng.random() < 0.5 else 0.0
+            if floor:
+                ref = solve_multiset(timings, nodes, floor, lambda p, f: solve_exact_numpy(p, f))
+            got = solve_multiset(timings, nodes, floor)
+            assert (got is None) == (ref is None), nodes
+            if ref is not None:
+                assert got.throughput_tok_per_s == pytest.approx(ref.throughput_tok_per_s, rel=1e-12)
+                assert got.micro_batch == ref.micro_batch
+                assert [s.node_index for s in got.stages] == [s.node_index for s in ref.stages]
+                assert [s.layers for s in got.stages] == [s.layers for s in ref.stages]
+
+
+def test_numpy_build_matches_compiled_build(core, monkeypatch):
+    jit = build_library(core, models=["phi-4"])
+    monkeypatch.setenv("CORAL_NO_JIT", "1")
+    ref = build_library(core, models=["phi-4"])
+    assert [template_to_dict(t) for t in jit.templates] == [template_to_dict(t) for t in ref.templates]
