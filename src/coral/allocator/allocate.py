@@ -162,7 +162,8 @@ def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray,
     nu = np.zeros(cols.num_cols, dtype=np.int64)
     nu[idx] = _sub_counts(inputs, plan, sub)
     used = np.zeros_like(cols.avail)
-    np.add.at(used, cols.col_r, cols.usage[cols.col_t] * nu[:, None])
+    nz = np.flatnonzero(nu)
+    np.add.at(used, cols.col_r[nz], cols.usage[cols.col_t[nz]] * nu[nz, None])
     if np.any(used > cols.avail + 1e-9):
         return None  # availability binds: the full ILP decides
     return build_plan(inputs, cols, nu, nu_prev, method=method, status=plan.status, solve_s=plan.solve_s,

@@ -3,6 +3,7 @@ and their column view: one candidate column per usable (region, template) pair, 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -189,6 +190,29 @@ def _no_template(inputs: AllocationInputs, g: Group, why: str) -> CoralError:
     return CoralError(msg + "; relax the SLO, add configurations or raise n_max / rho")
 
 
+_ARRAYS: OrderedDict[int, tuple[tuple[Template, ...], list[str], np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+
+
+def _group_arrays(ts: tuple[Template, ...]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """One group's templates as arrays: node names (a local list), each node as an index into it,
+    nodes per template and throughputs. Memoized per tuple (kept alive by the memo, so its id is
+    stable; the 64 most recent)."""
+    hit = _ARRAYS.get(id(ts))
+    if hit is not None and hit[0] is ts:
+        _ARRAYS.move_to_end(id(ts))
+        return hit[1], hit[2], hit[3], hit[4]
+    local: dict[str, int] = {}
+    lengths = np.fromiter((len(t.nodes) for t in ts), dtype=np.int64, count=len(ts))
+    codes = np.fromiter((local.setdefault(n, len(local)) for t in ts for n in t.nodes), dtype=np.int64,
+                        count=int(lengths.sum()))
+    throughput = np.fromiter((t.placement.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
+    names = list(local)
+    _ARRAYS[id(ts)] = (ts, names, codes, lengths, throughput)
+    while len(_ARRAYS) > 64:
+        _ARRAYS.popitem(last=False)
+    return names, codes, lengths, throughput
+
+
 def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
     """Build the column arrays (vectorized over regions and templates).
 
@@ -215,35 +239,34 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
 
     groups = tuple(g for g in inputs.groups if inputs.demand[g] > 0)
     templates: list[Template] = []
-    group_of: list[int] = []
-    rows: list[int] = []
-    cols: list[int] = []
-    bad: list[int] = []
-    for gi, g in enumerate(groups):
+    sizes: list[int] = []
+    tuple_groups: list[tuple[Template, ...]] = []
+    for g in groups:
         ts = inputs.templates.get(g, ())
         if keep is not None:
             ts = tuple(t for t in ts if keep(t))
         if not ts:
             raise _no_template(inputs, g, "no template meets the SLO" if keep is None
                                else "no template of the kind this method uses (single-node) meets the SLO")
-        for t in ts:
-            ti = len(templates)
-            templates.append(t)
-            group_of.append(gi)
-            for name in t.nodes:
-                ci = cfg_index.get(name)
-                if ci is None:
-                    bad.append(ti)  # a config the scenario does not know: never usable
-                    continue
-                rows.append(ti)
-                cols.append(ci)
+        templates.extend(ts)
+        tuple_groups.append(tuple(ts))
+        sizes.append(len(ts))
     T = len(templates)
-    usage = np.zeros((T, C), dtype=np.int64)
-    np.add.at(usage, (np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)), 1)
+    # Node counts per (template, config), vectorized: a library can hold ~10^6 templates, and its
+    # per-group arrays are memoized (the simulator re-plans with the same library every epoch).
+    parts = [_group_arrays(ts) for ts in tuple_groups]
+    lengths = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    codes = (np.concatenate([np.array([cfg_index.get(n, -1) for n in p[0]] or [-1], dtype=np.int64)[p[1]]
+                             for p in parts]) if parts else np.zeros(0, dtype=np.int64))
+    owner = np.repeat(np.arange(T, dtype=np.int64), lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # every template has >= 1 node
     unknown_cfg = np.zeros(T, dtype=bool)
-    unknown_cfg[np.asarray(bad, dtype=np.int64)] = True
-    throughput = np.array([t.throughput_tok_per_s for t in templates], dtype=float)
-    group = np.asarray(group_of, dtype=np.int64)
+    unknown_cfg[owner[codes < 0]] = True  # a config the scenario does not know: never usable
+    ok = codes >= 0
+    usage = np.bincount(owner[ok] * C + codes[ok], minlength=T * C).reshape(T, C).astype(np.int64, copy=False)
+    throughput = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0)
+    group_of = np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
+    group = group_of
     if np.any(~np.isfinite(throughput)) or np.any(throughput <= 0):
         raise CoralError("every template needs a finite throughput > 0")
 
@@ -255,15 +278,19 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
 
     col_t, col_r, col_price, col_ub = [], [], [], []
     used = usage > 0
+    price_t = usage.astype(float) @ price_rc.T  # [template, region] (float: BLAS, ~50x an int product)
     for ri in range(R):
         runnable = ~unknown_cfg & ~np.any(used[:, ~sold[ri]], axis=1) & allowed[group, ri]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(used, avail[ri][None, :] / np.maximum(usage, 1), np.inf)
-        ub = np.floor(ratio.min(axis=1)) if C else np.full(T, np.inf)
+        # Instances that fit the availability: min over a template's nodes of avail / count.
+        ub = np.full(T, np.inf)
+        if T:
+            per_node = np.where(ok, avail[ri, np.maximum(codes, 0)] / np.maximum(usage[owner, np.maximum(codes, 0)], 1),
+                                np.inf)
+            ub = np.floor(np.minimum.reduceat(per_node, starts))
         idx = np.flatnonzero(runnable)
         col_t.append(idx)
         col_r.append(np.full(idx.shape[0], ri, dtype=np.int64))
-        col_price.append(usage[idx] @ price_rc[ri])
+        col_price.append(price_t[idx, ri])
         col_ub.append(ub[idx])
     col_t_a = np.concatenate(col_t) if col_t else np.zeros(0, dtype=np.int64)
     col_r_a = np.concatenate(col_r) if col_r else np.zeros(0, dtype=np.int64)
