@@ -47,6 +47,7 @@ class FidelityOptions:
     max_output: int = 48
     seed: int = 0
     quick: bool = False
+    repeat: bool = False  # replay the trace a second time: the runtime's own run-to-run error
 
     def __post_init__(self) -> None:
         if not self.duration_s > 0:
@@ -123,6 +124,120 @@ def _work_s(perf: Any, spec: Any, cfg: Any, prompt: np.ndarray, output: np.ndarr
                                first=True, last=True)
         tot += pre + (d - 1) * dec
     return tot / min(len(prompt), 500)
+
+
+CAL_LENGTHS = 3  # prompt lengths of the calibration requests (a quarter, half and all of max_prompt)
+CAL_ROUNDS = {False: 4, True: 2}  # rounds of isolated requests, and of groups of 2 and 3 (default, quick)
+
+
+def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: FidelityOptions) -> tuple[Any, np.ndarray]:
+    """Requests for `_calibrate`, and the size of the group each one belongs to.
+
+    First isolated requests (each sent after the previous one should have finished: twice its
+    estimated time alone apart), prompts at a quarter, half and all of `max_prompt`; then groups
+    of 2 and of 3 requests sent 10 ms apart (full prompts), each group alone."""
+    from coral.workload import Trace
+
+    lengths = np.linspace(max(1, opts.max_prompt // 4), opts.max_prompt, CAL_LENGTHS).astype(np.int64)
+    rounds = CAL_ROUNDS[opts.quick]
+    alone = _work_s(perf, spec, cal_spec, np.array([opts.max_prompt]), np.array([opts.max_output]))
+    arrival, prompt, group = [], [], []
+    t = 0.0
+    for p in np.tile(lengths, rounds):
+        arrival.append(t)
+        prompt.append(int(p))
+        group.append(1)
+        t += 2.0 * alone + 0.1
+    for size in [2, 3] * rounds:
+        for k in range(size):
+            arrival.append(t + 0.01 * k)
+            prompt.append(opts.max_prompt)
+            group.append(size)
+        t += 2.0 * size * alone + 0.1
+    arr = np.array(arrival, dtype=np.float64)
+    trace = Trace(name=name, arrival_s=arr, prompt_tokens=np.array(prompt, dtype=np.int64),
+                  output_tokens=np.full(arr.size, opts.max_output, dtype=np.int64), window_s=t)
+    return trace, np.array(group)
+
+
+def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
+               simulate_cal: Callable[[tuple[float, float]], tuple[np.ndarray, np.ndarray]]
+               ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Fit what the profile and the no-maths cluster do not capture, on the calibration requests.
+
+    The calibration schedule runs before and after the trace (the host's speed drifts over
+    minutes; measured in docs/fidelity.md), and both rounds are fitted together.
+
+    1. Node time per phase (`perf.scale`), on the isolated requests: the profile times layers in
+       a tight loop, while the runtime's engines also pay for waking on a message, (de)serialising
+       real hidden states and growing the KV cache. Fixed point: scale <- scale x real / simulated
+       mean (the simulated times also hold unscaled hops, so one step is not exact).
+    2. The front end's CPU (`Hosts.frontend_work`: seconds per request on arrival and per token),
+       on the groups of 2 and 3: HTTP, coordinator, the schedulers' per-token work and the client
+       run on the same cores as the engines, so requests in flight together slow each other down
+       more than the engines' own sharing explains. Bisection on each (per token on the groups'
+       mean TPOT, per request on their mean TTFT), twice in turn.
+    """
+    from coral.perf import Phase
+
+    ok = np.array([not r.error for r in recs])
+    iso, multi = ok & (group == 1), ok & (group > 1)
+    real_ttft = np.array([r.ttft_s for r in recs])
+    real_tpot = np.array([r.tpot_s for r in recs])
+    load = (0.0, 0.0)
+
+    def sim() -> tuple[np.ndarray, np.ndarray]:
+        ttft, tpot = simulate_cal(load)
+        return ttft + perf.frontend_s, tpot
+
+    def mape(st: np.ndarray, sp: np.ndarray, sel: np.ndarray) -> dict[str, float]:
+        if not sel.any():
+            return {"ttft_mape": float("nan"), "tpot_mape": float("nan")}
+        return {"ttft_mape": float(_ape(st[sel], real_ttft[sel]).mean()), "tpot_mape": float(_ape(sp[sel], real_tpot[sel]).mean())}
+
+    out: dict[str, Any] = {"requests": int(ok.sum()), "isolated": int(iso.sum()), "in_groups": int(multi.sum())}
+    st, sp = sim()
+    out["before"] = {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}
+    if iso.sum() >= 2:
+        for _ in range(4):
+            fe = perf.frontend_s
+            ratio_p = (real_ttft[iso] - fe).sum() / max((st[iso] - fe).sum(), 1e-9)
+            ratio_d = real_tpot[iso].sum() / max(sp[iso].sum(), 1e-9)
+            perf.scale[Phase.PREFILL] = float(np.clip(perf.scale[Phase.PREFILL] * ratio_p, 0.5, 3.0))
+            perf.scale[Phase.DECODE] = float(np.clip(perf.scale[Phase.DECODE] * ratio_d, 0.5, 3.0))
+            st, sp = sim()
+    if multi.sum() >= 2:
+        for _ in range(2):
+            for which, real in ((1, real_tpot), (0, real_ttft)):
+                lo, hi = 0.0, (0.05 if which == 0 else 0.02)
+                for _ in range(12):
+                    mid = 0.5 * (lo + hi)
+                    load = (mid, load[1]) if which == 0 else (load[0], mid)
+                    st, sp = sim()
+                    got = (sp if which == 1 else st)[multi].mean()
+                    lo, hi = (mid, hi) if got < real[multi].mean() else (lo, mid)
+                load = (0.5 * (lo + hi), load[1]) if which == 0 else (load[0], 0.5 * (lo + hi))
+        st, sp = sim()
+    out.update({"prefill_scale": perf.scale[Phase.PREFILL], "decode_scale": perf.scale[Phase.DECODE],
+                "frontend_work_ms": {"per_request": load[0] * 1e3, "per_token": load[1] * 1e3},
+                "after": {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}})
+    if ok.sum() < len(recs):
+        out["note"] = f"{len(recs) - int(ok.sum())} calibration requests failed and were left out"
+    return out, st, sp
+
+
+def _repeatability(first: list[Any], second: list[Any] | None) -> dict[str, Any] | None:
+    """The second real replay against the first, per request, as the simulator is judged: the
+    error no model of this runtime can go below on this host."""
+    if second is None:
+        return None
+    ok = np.array([not (a.error or b.error) for a, b in zip(first, second, strict=True)])
+    if not ok.any():
+        return None
+    t1, t2 = (np.array([r.ttft_s for r in x])[ok] for x in (first, second))
+    p1, p2 = (np.array([r.tpot_s for r in x])[ok] for x in (first, second))
+    return {"requests": int(ok.sum()), "ttft_mape": float(_ape(t2, t1).mean()), "tpot_mape": float(_ape(p2, p1).mean()),
+            "ttft_p90_ape": float(np.percentile(_ape(t2, t1), 90)), "tpot_p90_ape": float(np.percentile(_ape(p2, p1), 90))}
 
 
 def _cores() -> int:
@@ -288,12 +403,26 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     with Served(cluster, out) as srv:
         say(f"serving at {srv.url} after {time.perf_counter() - t_rt:.1f} s; warming up")
         warm_n = 2 * len(layout)
-        replay(srv.url, name, np.arange(warm_n) * 0.3, np.full(warm_n, opts.max_prompt), np.full(warm_n, 4),
+        replay(srv.url, name, np.arange(warm_n) * 0.3, np.full(warm_n, opts.max_prompt), np.full(warm_n, opts.max_output),
                vocab_size=int(config["vocab_size"]), seed=opts.seed + 1)
+        cal, cal_group = _calibration_trace(engine, scenario.models[0].spec, cfg, name, opts)
+        say(f"calibration: {int((cal_group == 1).sum())} isolated requests, then {int((cal_group > 1).sum())} in groups of 2 "
+            f"and 3 ({cal.window_s:.0f} s) ...")
+        cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
+                          vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
         say(f"replaying {len(trace)} requests ...")
         with CpuMeter() as meter:
             recs = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                           vocab_size=int(config["vocab_size"]), seed=opts.seed)
+        recs2 = None
+        if opts.repeat:
+            say(f"replaying the {len(trace)} requests again (run-to-run repeatability) ...")
+            recs2 = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                           vocab_size=int(config["vocab_size"]), seed=opts.seed)
+        say("calibration again, after the trace (the host's speed drifts over minutes) ...")
+        cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
+                           vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
+    cal_group = np.tile(cal_group, 2)
     # Other jobs on this host are measured, not modelled: as fair-share competitors (`background`)
     # they slow the simulated engines far more than they slow the real ones (see docs/fidelity.md);
     # that variant is reported as `with_background`.
@@ -306,8 +435,6 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         raise CoralError("no request finished on the runtime: " + "; ".join(errors[:3]))
 
     # 5. the simulator, same requests
-    horizon = float(trace.arrival_s[-1]) + 600.0
-
     def keep(_now: float, _demand: dict[tuple[str, Phase], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
         return list(running)
 
@@ -315,12 +442,32 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     # and its hardware: every engine process on this one host, sharing its cores.
     # ("independent": the simulator's defaults, every node its own server, the memory model's lanes.)
     shared = Hosts.single(cores)
+
+    def run_sim(sc: Any, tr: Any, hosts: Any, like_runtime: bool) -> Any:
+        return simulate(sc, {name: tr}, initial, keep, duration_s=float(tr.arrival_s[-1]) + 600.0,
+                        epoch_s=float(tr.arrival_s[-1]) + 600.0, init_s=0.0, seed=opts.seed,
+                        lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts)
+
+    uncal = run_sim(sc_engine, trace, shared, True)
+    def cal_sim(work: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+        res = run_sim(sc_engine, cal, Hosts.single(cores, frontend_work=work), True)
+        return np.tile(res.ttft_s, 2), np.tile(res.tpot_s, 2)  # the same schedule, before and after the trace
+
+    calibration, cal_ttft, cal_tpot = _calibrate(engine, cal_recs, cal_group, cal_sim)
+    load = (calibration["frontend_work_ms"]["per_request"] / 1e3, calibration["frontend_work_ms"]["per_token"] / 1e3)
+    shared = Hosts.single(cores, frontend_work=load)
+    b, a = calibration["before"], calibration["after"]
+    say(f"calibration: node time x{calibration['prefill_scale']:.3f} (prefill), x{calibration['decode_scale']:.3f} (decode); "
+        f"front end {load[0] * 1e3:.2f} ms per request, {load[1] * 1e3:.2f} ms per token. MAPE TTFT / TPOT: isolated "
+        f"{b['isolated']['ttft_mape']:.1%} / {b['isolated']['tpot_mape']:.1%} -> {a['isolated']['ttft_mape']:.1%} / "
+        f"{a['isolated']['tpot_mape']:.1%}, groups {b['groups']['ttft_mape']:.1%} / {b['groups']['tpot_mape']:.1%} -> "
+        f"{a['groups']['ttft_mape']:.1%} / {a['groups']['tpot_mape']:.1%}")
     sims = {}
     for label, sc, hosts, like_runtime in (("engine", sc_engine, shared, True), ("table", scenario, shared, True),
                                            ("independent", sc_engine, None, False),
-                                           ("with_background", sc_engine, Hosts.single(cores, background=meter.steps), True)):
-        res = simulate(sc, {name: trace}, initial, keep, duration_s=horizon, epoch_s=horizon, init_s=0.0, seed=opts.seed,
-                       lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts)
+                                           ("with_background", sc_engine,
+                                            Hosts.single(cores, background=meter.steps, frontend_work=load), True)):
+        res = run_sim(sc, trace, hosts, like_runtime)
         ttft = res.ttft_s + (engine.frontend_s if sc is sc_engine else 0.0)
         sims[label] = (res, ttft, res.tpot_s)
     res, sim_ttft, sim_tpot = sims["engine"]
@@ -338,6 +485,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     i_ok = both & np.isfinite(i_tpot)
     _, n_ttft, n_tpot = sims["with_background"]
     n_ok = both & np.isfinite(n_tpot)
+    u_ttft, u_tpot = uncal.ttft_s + engine.frontend_s, uncal.tpot_s
+    u_ok = both & np.isfinite(u_tpot)
     summary: dict[str, Any] = {
         "model": name, "node_label": opts.node, "quick": opts.quick, "dataset": opts.dataset,
         "cores": cores, "load": opts.load, "rate_per_s": rate, "duration_s": opts.duration_s,
@@ -350,10 +499,15 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
                        "tpot_mape": float(_ape(b_tpot[b_ok], real_tpot[b_ok]).mean()) if b_ok.any() else None},
         "no_host_model": {"ttft_mape": float(_ape(i_ttft[i_ok], real_ttft[i_ok]).mean()) if i_ok.any() else None,
                           "tpot_mape": float(_ape(i_tpot[i_ok], real_tpot[i_ok]).mean()) if i_ok.any() else None},
+        "calibration": calibration,
+        "repeatability": _repeatability(recs, recs2),
+        "uncalibrated": {"ttft_mape": float(_ape(u_ttft[u_ok], real_ttft[u_ok]).mean()) if u_ok.any() else None,
+                         "tpot_mape": float(_ape(u_tpot[u_ok], real_tpot[u_ok]).mean()) if u_ok.any() else None},
         "with_background": {"ttft_mape": float(_ape(n_ttft[n_ok], real_ttft[n_ok]).mean()) if n_ok.any() else None,
                           "tpot_mape": float(_ape(n_tpot[n_ok], real_tpot[n_ok]).mean()) if n_ok.any() else None},
         "load_average": {"start": load_start, "end": os.getloadavg()},
-        "sim_options": {"lanes": "one per stage", "spread": True, "host_cores": cores, "host_background": 0},
+        "sim_options": {"lanes": "one per stage", "spread": True, "host_cores": cores, "host_background": 0,
+                        "frontend_work_s": list(load)},
         "cpu_during_replay": {"ours_cores": meter.ours_cores, "others_cores": meter.others_cores,
                               "others_runnable_threads": meter.background, "samples": meter.samples},
         "sim_utilization": {f"{m}/{ph}": res.summary(timing=False)["per_model"][m][ph]["utilization"]
@@ -377,6 +531,13 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
             w.writerow([i, f"{r.arrival_s:.6f}", r.prompt_tokens, r.output_tokens, f"{real_ttft[i]:.6f}", f"{sim_ttft[i]:.6f}",
                         f"{real_tpot[i]:.6f}", f"{sim_tpot[i]:.6f}", names[pi] if pi >= 0 else "", names[di] if di >= 0 else "",
                         r.error])
+    with open(out / "calibration.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["index", "when", "group", "arrival_s", "prompt_tokens", "output_tokens", "real_ttft_s", "sim_ttft_s",
+                    "real_tpot_s", "sim_tpot_s", "error"])
+        for i, r in enumerate(cal_recs):
+            w.writerow([i, "before" if i < len(cal_recs) // 2 else "after", int(cal_group[i]), f"{r.arrival_s:.6f}", r.prompt_tokens, r.output_tokens, f"{r.ttft_s:.6f}",
+                        f"{cal_ttft[i]:.6f}", f"{r.tpot_s:.6f}", f"{cal_tpot[i]:.6f}", r.error])
     title = (f"{name}, {int(both.sum())} requests, {rate:.2f} req/s: TTFT MAPE {cmp_ttft['mape']:.1%}, "
              f"TPOT MAPE {cmp_tpot['mape']:.1%}")
     _plot(out / "fidelity_cdf.png", real_ttft[both], sim_ttft[both], real_tpot[both], sim_tpot[both],
@@ -417,7 +578,18 @@ def _report(s: dict[str, Any]) -> str:
         row("TTFT", t),
         row("TPOT", p),
         "",
-        f"Simulator timed by the profile table alone (no engine adapter): TTFT MAPE "
+        f"Calibration ({s['calibration']['isolated']} isolated requests and {s['calibration']['in_groups']} in groups of "
+        f"2 and 3, through the same cluster before the trace, not part of it): node time "
+        f"x{s['calibration']['prefill_scale']:.3f} in prefill, x{s['calibration']['decode_scale']:.3f} in decode; the front "
+        f"end's CPU {s['calibration']['frontend_work_ms']['per_request']:.2f} ms per request and "
+        f"{s['calibration']['frontend_work_ms']['per_token']:.2f} ms per token. Without calibration: TTFT MAPE "
+        f"{_fmt(s['uncalibrated']['ttft_mape'])}, TPOT MAPE {_fmt(s['uncalibrated']['tpot_mape'])}.",
+        "",
+        *([f"Run-to-run (the trace replayed twice on the runtime, second run against the first, per request): TTFT "
+           f"MAPE {s['repeatability']['ttft_mape']:.1%} (p90 {s['repeatability']['ttft_p90_ape']:.1%}), TPOT MAPE "
+           f"{s['repeatability']['tpot_mape']:.1%} (p90 {s['repeatability']['tpot_p90_ape']:.1%}).", ""]
+          if s.get("repeatability") else []),
+        f"Simulator timed by the profile table alone (no engine adapter, no calibration): TTFT MAPE "
         f"{_fmt(s['table_only']['ttft_mape'])}, TPOT MAPE {_fmt(s['table_only']['tpot_mape'])}. "
         f"Without the host model and the runtime's batching (every node its own server, the memory model's lanes): "
         f"TTFT MAPE {_fmt(s['no_host_model']['ttft_mape'])}, TPOT MAPE {_fmt(s['no_host_model']['tpot_mape'])}. "
@@ -461,8 +633,11 @@ def _fmt(x: float | None) -> str:
 @click.option("--max-output", type=click.IntRange(min=2), default=None, help="Clip outputs to this many tokens [48; quick 16].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quick", is_flag=True, help="A ~1-minute run (tests): short trace, short sequences, small profile grid.")
+@click.option("--repeat", is_flag=True, help="Replay the trace twice on the runtime and report the run-to-run error "
+              "(the floor for any simulator on this host); adds one trace duration.")
 def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_dir: str | None, dataset: str,
-             duration_s: float | None, load: float, max_prompt: int | None, max_output: int | None, seed: int, quick: bool) -> None:
+             duration_s: float | None, load: float, max_prompt: int | None, max_output: int | None, seed: int, quick: bool,
+             repeat: bool) -> None:
     """Replay a trace through the real local runtime and through the simulator (timed by a profile of the same
     engine), match requests one to one and report the TTFT / TPOT errors (the paper's Fig. 6)."""
     dflt = {**{"duration_s": 150.0, "max_prompt": 384, "max_output": 48}, **(QUICK if quick else {})}
@@ -472,10 +647,14 @@ def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_
         duration_s=duration_s if duration_s is not None else dflt["duration_s"], load=load,
         max_prompt=max_prompt if max_prompt is not None else int(dflt["max_prompt"]),
         max_output=max_output if max_output is not None else int(dflt["max_output"]), seed=seed, quick=quick,
+        repeat=repeat,
     )  # fmt: skip
     s = run_fidelity(opts, progress=lambda m: click.echo(m, err=True))
     t, p = s["ttft"], s["tpot"]
     click.echo(f"TTFT: MAPE {t['mape']:.1%}, p90 APE {t['p90_ape']:.1%}, CDF MAPE {t['cdf_mape']:.1%}; "
                f"TPOT: MAPE {p['mape']:.1%}, p90 APE {p['p90_ape']:.1%}, CDF MAPE {p['cdf_mape']:.1%} "
                f"({s['requests']['matched']} requests matched; {s['wall_s']:.0f} s)")
-    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv")
+    if s.get("repeatability"):
+        r = s["repeatability"]
+        click.echo(f"run-to-run (real vs real): TTFT MAPE {r['ttft_mape']:.1%}, TPOT MAPE {r['tpot_mape']:.1%}")
+    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv")

@@ -17,7 +17,9 @@ the simulator is used unchanged:
   engine→scheduler message;
 * `transfer_s`: one measured loopback message carrying `tokens × hidden × dtype` bytes;
 * `kv_transfer_s`: the hand-off's four messages (DecodeAdmit, KvSend, KvPush, KvLoaded), the
-  KvPush carrying the prompt's KV at the runtime's dtype.
+  KvPush carrying the prompt's KV at the runtime's dtype;
+* `scale`: one multiplier per phase on node time (layers and stage extras), 1 unless the
+  fidelity run calibrates it on isolated requests through the real cluster.
 
 `frontend_s` is the part of the time to first token the simulator has no place for: the
 coordinator's Submit and TokenOut messages (two loopback latencies).
@@ -77,6 +79,9 @@ class EnginePerf(ProfilePerf):
         # scheduler's work per decode step. 0 until set.
         self.frontend_extra_s = 0.0
         self.step_extra_s = 0.0
+        # Node-time multipliers per phase from isolated requests through the real cluster
+        # (`fidelity._calibrate`): what the runtime's engines spend that the profile does not see.
+        self.scale = {Phase.PREFILL: 1.0, Phase.DECODE: 1.0}
         blob = repr(sorted((k, {n: (c.xs.tolist(), c.ys.tolist()) for n, c in v.items()}) for k, v in curves.items()))
         blob += repr((host.activation.latency_s, host.activation.bytes_per_s, host.kv.latency_s, host.kv.bytes_per_s))
         self.version = f"engine-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
@@ -95,7 +100,7 @@ class EnginePerf(ProfilePerf):
         c, x = self._curve(config, model, shape)
         if c is None:
             return super().layer_time_s(config, model, shape)
-        return (c["layer_ms0"](x) + shape.batch * c["layer_ms"](x)) * 1e-3
+        return (c["layer_ms0"](x) + shape.batch * c["layer_ms"](x)) * 1e-3 * self.scale[shape.phase]
 
     def stage_extra_s(self, config: NodeConfig, model: ModelSpec, shape: Shape, *, first: bool, last: bool) -> float:  # noqa: D102
         c, x = self._curve(config, model, shape)
@@ -105,7 +110,7 @@ class EnginePerf(ProfilePerf):
         ms = sum(c[k + "0"](x) + shape.batch * c[k](x) for k in cols)
         hops = (1 if first else 0) + (1 if last else 0)
         step = self.step_extra_s if (first and shape.phase is Phase.DECODE) else 0.0
-        return ms * 1e-3 + hops * self.host.activation.latency_s + step
+        return (ms * 1e-3 + hops * self.host.activation.latency_s + step) * self.scale[shape.phase]
 
     def transfer_s(self, model: ModelSpec, shape: Shape, src: NodeConfig, dst: NodeConfig) -> float:  # noqa: D102
         return self.host.activation.time_s(shape.tokens * model.hidden_size * self.act_bytes)

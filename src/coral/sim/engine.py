@@ -141,6 +141,8 @@ class _Sim:
         self.spread = False
         self.hosts: Hosts | None = None
         self._hosts: dict[str, _Host] = {}
+        self._fe: _Node | None = None  # the front end's pseudo-node (Hosts.frontend_work)
+        self.fe_request = self.fe_token = 0.0
         if not duration_s > 0:
             raise CoralError(f"duration_s must be > 0, got {duration_s}")
         if not epoch_s > 0:
@@ -282,15 +284,7 @@ class _Sim:
                         name = self.hosts.host_of(spec, s, k)
                     except ValueError as e:
                         raise CoralError(str(e)) from None
-                    h = self._hosts.get(name)
-                    if h is None:
-                        h = self._hosts[name] = _Host(name, float(self.hosts.cores[name]), 0.0)
-                        for at, threads in self.hosts.background_steps(name):
-                            if at <= now:  # nothing runs on the new host yet: set, no event
-                                h.background = threads
-                            else:
-                                self.push(at, _BACKGROUND, h, threads)
-                    node.host = h
+                    node.host = self._host(name, now)
         served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
         shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, served.prompt_tokens_mean),
                       output_tokens=served.output_tokens_mean)
@@ -307,6 +301,42 @@ class _Sim:
         self.instances.append(inst)
         self.push(ready_s, _READY, inst)
         return inst
+
+    def _host(self, name: str, now: float) -> _Host:
+        """The host named `name`, created on first use with its background steps."""
+        assert self.hosts is not None
+        h = self._hosts.get(name)
+        if h is None:
+            h = self._hosts[name] = _Host(name, float(self.hosts.cores[name]), 0.0)
+            for at, threads in self.hosts.background_steps(name):
+                if at <= now:  # nothing runs on the new host yet: set, no event
+                    h.background = threads
+                else:
+                    self.push(at, _BACKGROUND, h, threads)
+        return h
+
+    def _frontend_work(self, t: float, work: float) -> None:
+        """Give the front end `work` CPU seconds (host model with `frontend_work` only): a
+        pseudo-node on the front-end host, busy while it has work, sharing the cores."""
+        if self.hosts is None or work <= 0:
+            return
+        fe = self._fe
+        if fe is None:
+            fe = self._fe = _Node(None, None)  # type: ignore[arg-type]
+            fe.host = self._host(self.hosts.frontend_host, t)
+        h = fe.host
+        assert h is not None
+        if fe.busy:
+            fe.rem = max(0.0, fe.rem - h.rate * (t - fe.since)) + work
+            fe.since = t
+            fe.version += 1
+            self.push(t + fe.rem / h.rate, _FINISH, fe, fe.version)
+            return
+        fe.busy = True
+        fe.rem = work
+        fe.since = t
+        h.busy[fe] = None
+        self._rerate(t, h, fe)
 
     def _ready(self, t: float, inst: _Instance) -> None:
         if inst.state is not Lifecycle.STARTING:
@@ -350,6 +380,7 @@ class _Sim:
     # -- requests through the cluster -----------------------------------------------------------
     def _arrival(self, t: float, rid: int) -> None:
         self.n_arrived += 1
+        self._frontend_work(t, self.fe_request)
         if rid + 1 < len(self.r_arrival):
             self.push(self.r_arrival[rid + 1], _ARRIVAL, rid + 1)
         self._route_prefill(t, rid)
@@ -462,6 +493,13 @@ class _Sim:
         if version != node.version or not node.busy:
             return  # planned at a speed that has since changed
         host = node.host
+        if node is self._fe:  # the front end ran out of work
+            assert host is not None
+            node.busy = False
+            node.rem = 0.0
+            del host.busy[node]
+            self._rerate(t, host)
+            return
         assert host is not None and node.lane is not None
         lane = node.lane
         node.lane = None
@@ -497,6 +535,7 @@ class _Sim:
         lane.rids.clear()
         lane.running = False
         inst.idle_lanes += 1
+        self._frontend_work(t, self.fe_token * len(rids))
         for rid in rids:
             self.r_first[rid] = t
             if self.r_out[rid] <= 1:
@@ -578,6 +617,7 @@ class _Sim:
         inst = lane.inst
         lane.steps += 1
         rids = lane.rids
+        self._frontend_work(t, self.fe_token * len(rids))
         lane.ctx_sum += len(rids)
         done = lane.finish_at.pop(lane.steps, None)
         if done:
@@ -756,6 +796,8 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
     sim.lanes = lanes
     sim.spread = spread
     sim.hosts = hosts
+    if hosts is not None:
+        sim.fe_request, sim.fe_token = hosts.frontend_work
     for spec in initial:
         sim.start_instance(spec, 0.0, 0.0)
     return sim.run()

@@ -30,11 +30,18 @@ class Hosts:
         background: host name -> runnable threads from outside the simulated cluster competing
             for its cores (other jobs on the machine): a number, or steps `((from_s, threads),
             ...)` in increasing time (0 before the first step); default 0.
+        frontend_work: CPU seconds a serving front end (HTTP, coordinator, the schedulers'
+            per-token work, the client) spends `(per request on arrival, per token)`, on the
+            `frontend` host: one more runnable thread there while it has work, so it competes
+            with the engine nodes for the same cores (it delays no token itself). Default (0, 0).
+        frontend: the host the front end runs on (None: the only host, or the first one).
     """
 
     cores: Mapping[str, float] = field(default_factory=dict)
     place: PlaceFn | None = None
     background: Mapping[str, Background] = field(default_factory=dict)
+    frontend_work: tuple[float, float] = (0.0, 0.0)
+    frontend: str | None = None
 
     def __post_init__(self) -> None:
         if not self.cores:
@@ -57,13 +64,24 @@ class Hosts:
                     raise ValueError(f"host {name!r}: background steps must be in increasing time, got {t!r} after {last!r}")
                 last = t
             bg[name] = b if isinstance(b, int | float) else tuple((float(t), float(v)) for t, v in steps)
+        if len(self.frontend_work) != 2 or not all(isinstance(v, int | float) and math.isfinite(v) and v >= 0
+                                                   for v in self.frontend_work):
+            raise ValueError(f"frontend_work must be two finite numbers >= 0 (per request, per token), got {self.frontend_work!r}")
+        if self.frontend is not None and self.frontend not in self.cores:
+            raise ValueError(f"frontend host {self.frontend!r} is not in cores")
+        object.__setattr__(self, "frontend_work", (float(self.frontend_work[0]), float(self.frontend_work[1])))
         object.__setattr__(self, "cores", dict(self.cores))
         object.__setattr__(self, "background", bg)
 
     @classmethod
-    def single(cls, cores: float, name: str = "host", background: Background = 0.0) -> Hosts:
+    def single(cls, cores: float, name: str = "host", background: Background = 0.0,
+               frontend_work: tuple[float, float] = (0.0, 0.0)) -> Hosts:
         """Every node on one host with `cores` cores (and `background` outside threads competing for them)."""
-        return cls(cores={name: cores}, background={name: background})
+        return cls(cores={name: cores}, background={name: background}, frontend_work=frontend_work)
+
+    @property
+    def frontend_host(self) -> str:
+        return self.frontend if self.frontend is not None else next(iter(self.cores))
 
     def background_steps(self, name: str) -> tuple[tuple[float, float], ...]:
         """The host's background as steps (from_s, threads); a constant is one step at 0."""

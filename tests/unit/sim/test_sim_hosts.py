@@ -179,3 +179,17 @@ def test_background_steps_change_the_speed_mid_run(core) -> None:  # noqa: ANN00
     np.testing.assert_allclose(_prefill_pair(core, [0.0], hosts).ttft_s, [1.25])
     with pytest.raises(ValueError, match="increasing time"):
         Hosts.single(1, background=((1.0, 0.0), (0.5, 1.0)))
+
+
+def test_frontend_work_competes_for_the_cores(core) -> None:  # noqa: ANN001
+    # One request at 0 on a 1-s prefill pass, one core, 0.5 s of front-end work per request on
+    # arrival. 0-1.0: the front end and the node share the core (speed 1/2): the front end's 0.5 s
+    # ends at 1.0, the node has done 0.5 and finishes alone at 1.5.
+    r = _prefill_pair(core, [0.0], Hosts.single(1, frontend_work=(0.5, 0.0)))
+    np.testing.assert_allclose(r.ttft_s, [1.5])
+    # two cores: no contention, 1.0
+    np.testing.assert_allclose(_prefill_pair(core, [0.0], Hosts.single(2, frontend_work=(0.5, 0.0))).ttft_s, [1.0])
+    with pytest.raises(ValueError, match="frontend_work"):
+        Hosts.single(1, frontend_work=(-1.0, 0.0))
+    with pytest.raises(ValueError, match="frontend host"):
+        Hosts(cores={"a": 1}, frontend="b")
