@@ -6,9 +6,13 @@ with two data-parallel nodes) and through the simulator, timed by the profile `c
 measured of the same engine on this host. Requests are matched one to one (same arrival
 offsets, prompt and output lengths; greedy decoding with no EOS forces the output length).
 The simulator runs with the runtime's batching (one micro-batch group per stage, waiting
-requests spread over the groups) and a host model (all engine nodes share this machine's cores).
-Outputs in `--out`: summary.json, report.md, fidelity_cdf.png, requests.csv, the profile and
-the cluster file.
+requests spread over the groups) and a host model (all engine nodes share this machine's cores,
+with the front end's CPU measured per token). Calibration requests through the same cluster,
+before and after the trace, fit one node-time multiplier per phase; the simulator routes them
+(and the warm-up) first, so its routers stand where the runtime's do when the trace starts.
+`--repeat` replays the trace twice to score the runtime against itself.
+Outputs in `--out`: summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv,
+the profile and the cluster file.
 """
 from __future__ import annotations
 
@@ -161,22 +165,21 @@ def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: Fid
 
 
 def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
-               simulate_cal: Callable[[tuple[float, float]], tuple[np.ndarray, np.ndarray]]
-               ) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
-    """Fit what the profile and the no-maths cluster do not capture, on the calibration requests.
+               simulate_cal: Callable[[tuple[float, float]], tuple[np.ndarray, np.ndarray]],
+               frontend_work: tuple[float, float]) -> tuple[dict[str, Any], np.ndarray, np.ndarray]:
+    """Fit one node-time multiplier per phase (`perf.scale`) on the isolated calibration requests.
 
-    The calibration schedule runs before and after the trace (the host's speed drifts over
-    minutes; measured in docs/fidelity.md), and both rounds are fitted together.
+    The profile times layers in a tight loop, while the runtime's engines also pay for waking on
+    a message, (de)serialising real hidden states and growing the KV cache. The calibration
+    schedule runs before and after the trace (the host's speed drifts over minutes; see
+    docs/fidelity.md), and both rounds are fitted together. Fixed point: scale <- scale x real /
+    simulated mean (the simulated times also hold unscaled hops, so one step is not exact);
+    clamped to [0.5, 3].
 
-    1. Node time per phase (`perf.scale`), on the isolated requests: the profile times layers in
-       a tight loop, while the runtime's engines also pay for waking on a message, (de)serialising
-       real hidden states and growing the KV cache. Fixed point: scale <- scale x real / simulated
-       mean (the simulated times also hold unscaled hops, so one step is not exact).
-    2. The front end's CPU (`Hosts.frontend_work`: seconds per request on arrival and per token),
-       on the groups of 2 and 3: HTTP, coordinator, the schedulers' per-token work and the client
-       run on the same cores as the engines, so requests in flight together slow each other down
-       more than the engines' own sharing explains. Bisection on each (per token on the groups'
-       mean TPOT, per request on their mean TTFT), twice in turn.
+    `frontend_work` (s per request, s per token; `Hosts.frontend_work`) is measured, not fitted:
+    the CPU the serve process (HTTP, coordinator) and the client spent per generated token over
+    the calibration requests. It is in place while fitting, and the groups of 2 and 3 requests
+    show how well the two together predict requests in flight at once (`after.groups`).
     """
     from coral.perf import Phase
 
@@ -184,10 +187,9 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
     iso, multi = ok & (group == 1), ok & (group > 1)
     real_ttft = np.array([r.ttft_s for r in recs])
     real_tpot = np.array([r.tpot_s for r in recs])
-    load = (0.0, 0.0)
 
-    def sim() -> tuple[np.ndarray, np.ndarray]:
-        ttft, tpot = simulate_cal(load)
+    def sim(work: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+        ttft, tpot = simulate_cal(work)
         return ttft + perf.frontend_s, tpot
 
     def mape(st: np.ndarray, sp: np.ndarray, sel: np.ndarray) -> dict[str, float]:
@@ -196,8 +198,9 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
         return {"ttft_mape": float(_ape(st[sel], real_ttft[sel]).mean()), "tpot_mape": float(_ape(sp[sel], real_tpot[sel]).mean())}
 
     out: dict[str, Any] = {"requests": int(ok.sum()), "isolated": int(iso.sum()), "in_groups": int(multi.sum())}
-    st, sp = sim()
+    st, sp = sim((0.0, 0.0))
     out["before"] = {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}
+    st, sp = sim(frontend_work)
     if iso.sum() >= 2:
         for _ in range(4):
             fe = perf.frontend_s
@@ -205,25 +208,37 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
             ratio_d = real_tpot[iso].sum() / max(sp[iso].sum(), 1e-9)
             perf.scale[Phase.PREFILL] = float(np.clip(perf.scale[Phase.PREFILL] * ratio_p, 0.5, 3.0))
             perf.scale[Phase.DECODE] = float(np.clip(perf.scale[Phase.DECODE] * ratio_d, 0.5, 3.0))
-            st, sp = sim()
-    if multi.sum() >= 2:
-        for _ in range(2):
-            for which, real in ((1, real_tpot), (0, real_ttft)):
-                lo, hi = 0.0, (0.05 if which == 0 else 0.02)
-                for _ in range(12):
-                    mid = 0.5 * (lo + hi)
-                    load = (mid, load[1]) if which == 0 else (load[0], mid)
-                    st, sp = sim()
-                    got = (sp if which == 1 else st)[multi].mean()
-                    lo, hi = (mid, hi) if got < real[multi].mean() else (lo, mid)
-                load = (0.5 * (lo + hi), load[1]) if which == 0 else (load[0], 0.5 * (lo + hi))
-        st, sp = sim()
+            st, sp = sim(frontend_work)
     out.update({"prefill_scale": perf.scale[Phase.PREFILL], "decode_scale": perf.scale[Phase.DECODE],
-                "frontend_work_ms": {"per_request": load[0] * 1e3, "per_token": load[1] * 1e3},
+                "frontend_work_ms": {"per_request": frontend_work[0] * 1e3, "per_token": frontend_work[1] * 1e3},
                 "after": {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}})
     if ok.sum() < len(recs):
         out["note"] = f"{len(recs) - int(ok.sum())} calibration requests failed and were left out"
     return out, st, sp
+
+
+@dataclass(frozen=True, slots=True)
+class _Tail:
+    """The last `n` requests of a simulation: the trace, after the requests routed before it."""
+
+    full: Any
+    n: int
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        return np.asarray(self.full.ttft_s[-self.n:])
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        return np.asarray(self.full.tpot_s[-self.n:])
+
+    @property
+    def prefill_instance(self) -> np.ndarray:
+        return np.asarray(self.full.prefill_instance[-self.n:])
+
+    @property
+    def decode_instance(self) -> np.ndarray:
+        return np.asarray(self.full.decode_instance[-self.n:])
 
 
 def _repeatability(first: list[Any], second: list[Any] | None) -> dict[str, Any] | None:
@@ -319,6 +334,7 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         Served,
         cluster_file,
         default_layout,
+        proc_cpu_s,
         replay,
         runtime_overhead,
     )
@@ -402,14 +418,20 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     t_rt = time.perf_counter()
     with Served(cluster, out) as srv:
         say(f"serving at {srv.url} after {time.perf_counter() - t_rt:.1f} s; warming up")
-        warm_n = 2 * len(layout)
-        replay(srv.url, name, np.arange(warm_n) * 0.3, np.full(warm_n, opts.max_prompt), np.full(warm_n, opts.max_output),
+        warm_at = np.arange(2 * len(layout)) * 0.3
+        replay(srv.url, name, warm_at, np.full(warm_at.size, opts.max_prompt), np.full(warm_at.size, opts.max_output),
                vocab_size=int(config["vocab_size"]), seed=opts.seed + 1)
         cal, cal_group = _calibration_trace(engine, scenario.models[0].spec, cfg, name, opts)
         say(f"calibration: {int((cal_group == 1).sum())} isolated requests, then {int((cal_group > 1).sum())} in groups of 2 "
             f"and 3 ({cal.window_s:.0f} s) ...")
+        # The front end's CPU (the serve process: HTTP + coordinator; this process: the client),
+        # measured over the calibration requests, per generated token.
+        assert srv.proc is not None
+        fe0 = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid())
         cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
                           vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
+        fe_cpu_s = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid()) - fe0
+        fe_tokens = sum(r.received for r in cal_recs)
         say(f"replaying {len(trace)} requests ...")
         with CpuMeter() as meter:
             recs = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
@@ -448,17 +470,35 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
                         epoch_s=float(tr.arrival_s[-1]) + 600.0, init_s=0.0, seed=opts.seed,
                         lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts)
 
-    uncal = run_sim(sc_engine, trace, shared, True)
+    # The runtime's routers (WRR over instances, and over the nodes of a data-parallel stage) have
+    # already placed the warm-up and calibration requests when the trace starts; the simulator
+    # routes the same requests first (long before the trace, so they never meet it) so that every
+    # trace request goes where it went on the runtime.
+    warm_end = float(warm_at[-1]) + 60.0
+    cal_end = warm_end + float(cal.window_s) + 600.0
+    routed = Trace(name=name, arrival_s=np.concatenate([warm_at, warm_end + cal.arrival_s, cal_end + trace.arrival_s]),
+                   prompt_tokens=np.concatenate([np.full(warm_at.size, opts.max_prompt), cal.prompt_tokens, trace.prompt_tokens]),
+                   output_tokens=np.concatenate([np.full(warm_at.size, opts.max_output), cal.output_tokens, trace.output_tokens]))
+
+    def run_trace(sc: Any, hosts: Any, like_runtime: bool) -> _Tail:
+        return _Tail(run_sim(sc, routed, hosts, like_runtime), len(trace))
+
+    uncal = run_trace(sc_engine, shared, True)
+    cal_routed = Trace(name=name, arrival_s=routed.arrival_s[: warm_at.size + len(cal)],
+                       prompt_tokens=routed.prompt_tokens[: warm_at.size + len(cal)],
+                       output_tokens=routed.output_tokens[: warm_at.size + len(cal)])
+
     def cal_sim(work: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-        res = run_sim(sc_engine, cal, Hosts.single(cores, frontend_work=work), True)
+        res = _Tail(run_sim(sc_engine, cal_routed, Hosts.single(cores, frontend_work=work), True), len(cal))
         return np.tile(res.ttft_s, 2), np.tile(res.tpot_s, 2)  # the same schedule, before and after the trace
 
-    calibration, cal_ttft, cal_tpot = _calibrate(engine, cal_recs, cal_group, cal_sim)
+    fe_work = (0.0, fe_cpu_s / fe_tokens if fe_tokens else 0.0)
+    calibration, cal_ttft, cal_tpot = _calibrate(engine, cal_recs, cal_group, cal_sim, fe_work)
     load = (calibration["frontend_work_ms"]["per_request"] / 1e3, calibration["frontend_work_ms"]["per_token"] / 1e3)
     shared = Hosts.single(cores, frontend_work=load)
     b, a = calibration["before"], calibration["after"]
     say(f"calibration: node time x{calibration['prefill_scale']:.3f} (prefill), x{calibration['decode_scale']:.3f} (decode); "
-        f"front end {load[0] * 1e3:.2f} ms per request, {load[1] * 1e3:.2f} ms per token. MAPE TTFT / TPOT: isolated "
+        f"front end (measured) {load[1] * 1e3:.2f} ms CPU per token. MAPE TTFT / TPOT: isolated "
         f"{b['isolated']['ttft_mape']:.1%} / {b['isolated']['tpot_mape']:.1%} -> {a['isolated']['ttft_mape']:.1%} / "
         f"{a['isolated']['tpot_mape']:.1%}, groups {b['groups']['ttft_mape']:.1%} / {b['groups']['tpot_mape']:.1%} -> "
         f"{a['groups']['ttft_mape']:.1%} / {a['groups']['tpot_mape']:.1%}")
@@ -466,8 +506,9 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     for label, sc, hosts, like_runtime in (("engine", sc_engine, shared, True), ("table", scenario, shared, True),
                                            ("independent", sc_engine, None, False),
                                            ("with_background", sc_engine,
-                                            Hosts.single(cores, background=meter.steps, frontend_work=load), True)):
-        res = run_sim(sc, trace, hosts, like_runtime)
+                                            Hosts.single(cores, background=[(cal_end + t, v) for t, v in meter.steps] or 0.0,
+                                                         frontend_work=load), True)):
+        res = run_trace(sc, hosts, like_runtime)
         ttft = res.ttft_s + (engine.frontend_s if sc is sc_engine else 0.0)
         sims[label] = (res, ttft, res.tpot_s)
     res, sim_ttft, sim_tpot = sims["engine"]
@@ -510,7 +551,7 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
                         "frontend_work_s": list(load)},
         "cpu_during_replay": {"ours_cores": meter.ours_cores, "others_cores": meter.others_cores,
                               "others_runnable_threads": meter.background, "samples": meter.samples},
-        "sim_utilization": {f"{m}/{ph}": res.summary(timing=False)["per_model"][m][ph]["utilization"]
+        "sim_utilization": {f"{m}/{ph}": res.full.summary(timing=False)["per_model"][m][ph]["utilization"]
                             for m in [name] for ph in ("prefill", "decode")},
         "frontend_ms": engine.frontend_s * 1e3, "decode_step_extra_ms": engine.step_extra_s * 1e3,
         "noop_runtime": {"ttft_ms": noop_ttft * 1e3, "tpot_ms": noop_tpot * 1e3},
@@ -579,10 +620,11 @@ def _report(s: dict[str, Any]) -> str:
         row("TPOT", p),
         "",
         f"Calibration ({s['calibration']['isolated']} isolated requests and {s['calibration']['in_groups']} in groups of "
-        f"2 and 3, through the same cluster before the trace, not part of it): node time "
-        f"x{s['calibration']['prefill_scale']:.3f} in prefill, x{s['calibration']['decode_scale']:.3f} in decode; the front "
-        f"end's CPU {s['calibration']['frontend_work_ms']['per_request']:.2f} ms per request and "
-        f"{s['calibration']['frontend_work_ms']['per_token']:.2f} ms per token. Without calibration: TTFT MAPE "
+        f"2 and 3, through the same cluster before and after the trace, not part of it): node time "
+        f"x{s['calibration']['prefill_scale']:.3f} in prefill, x{s['calibration']['decode_scale']:.3f} in decode, fitted "
+        f"on the isolated ones; the front end's CPU, measured, {s['calibration']['frontend_work_ms']['per_token']:.2f} ms "
+        f"per generated token. On the groups: TTFT MAPE {_fmt(s['calibration']['after']['groups']['ttft_mape'])}, TPOT MAPE "
+        f"{_fmt(s['calibration']['after']['groups']['tpot_mape'])}. Without calibration and front end: TTFT MAPE "
         f"{_fmt(s['uncalibrated']['ttft_mape'])}, TPOT MAPE {_fmt(s['uncalibrated']['tpot_mape'])}.",
         "",
         *([f"Run-to-run (the trace replayed twice on the runtime, second run against the first, per request): TTFT "

@@ -139,6 +139,17 @@ def _host_busy_s() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads, not its children) of one process, from /proc; 0 off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return 0.0
+    rest = data[data.rfind(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _tree_cpu_s(root: int) -> float:
     """CPU seconds of process `root` and its live descendants (with their reaped children), from /proc."""
     hz = os.sysconf("SC_CLK_TCK")
