@@ -631,7 +631,7 @@ def _report(s: dict[str, Any]) -> str:
            f"MAPE {s['repeatability']['ttft_mape']:.1%} (p90 {s['repeatability']['ttft_p90_ape']:.1%}), TPOT MAPE "
            f"{s['repeatability']['tpot_mape']:.1%} (p90 {s['repeatability']['tpot_p90_ape']:.1%}).", ""]
           if s.get("repeatability") else []),
-        f"Simulator timed by the profile table alone (no engine adapter, no calibration): TTFT MAPE "
+        f"Simulator timed by the profile table alone (no engine adapter, no calibration; host model and front end on): TTFT MAPE "
         f"{_fmt(s['table_only']['ttft_mape'])}, TPOT MAPE {_fmt(s['table_only']['tpot_mape'])}. "
         f"Without the host model and the runtime's batching (every node its own server, the memory model's lanes): "
         f"TTFT MAPE {_fmt(s['no_host_model']['ttft_mape'])}, TPOT MAPE {_fmt(s['no_host_model']['tpot_mape'])}. "
