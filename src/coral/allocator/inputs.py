@@ -238,19 +238,16 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
         avail[i, k] = math.inf if a is None else a
 
     groups = tuple(g for g in inputs.groups if inputs.demand[g] > 0)
-    templates: list[Template] = []
-    sizes: list[int] = []
     tuple_groups: list[tuple[Template, ...]] = []
     for g in groups:
-        ts = inputs.templates.get(g, ())
+        ts = tuple(inputs.templates.get(g, ()))
         if keep is not None:
             ts = tuple(t for t in ts if keep(t))
         if not ts:
             raise _no_template(inputs, g, "no template meets the SLO" if keep is None
                                else "no template of the kind this method uses (single-node) meets the SLO")
-        templates.extend(ts)
-        tuple_groups.append(tuple(ts))
-        sizes.append(len(ts))
+        tuple_groups.append(ts)
+    templates = tuple(t for ts in tuple_groups for t in ts)
     T = len(templates)
     # Node counts per (template, config), vectorized: a library can hold ~10^6 templates, and its
     # per-group arrays are memoized (the simulator re-plans with the same library every epoch).
@@ -265,8 +262,7 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
     ok = codes >= 0
     usage = np.bincount(owner[ok] * C + codes[ok], minlength=T * C).reshape(T, C).astype(np.int64, copy=False)
     throughput = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0)
-    group_of = np.repeat(np.arange(len(groups), dtype=np.int64), sizes)
-    group = group_of
+    group = np.repeat(np.arange(len(groups), dtype=np.int64), [len(ts) for ts in tuple_groups])
     if np.any(~np.isfinite(throughput)) or np.any(throughput <= 0):
         raise CoralError("every template needs a finite throughput > 0")
 
@@ -306,6 +302,6 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
                                       "configuration of each is not sold there")
     fits = ub_a >= 1
     return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
-                   templates=tuple(templates), group=group, usage=usage, throughput=throughput,
+                   templates=templates, group=group, usage=usage, throughput=throughput,
                    col_t=col_t_a[fits], col_r=col_r_a[fits], price=price_a[fits], ub=ub_a[fits],
                    avail=avail, sold=sold)

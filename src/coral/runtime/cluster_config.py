@@ -224,8 +224,6 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
     f = _validate(ClusterFile, data, source)
     models = _models(f.models)
     instances = _instances(f.instances, models, source)
-    if len({i.name for i in instances}) != len(instances):
-        raise CoralError(f"{source}: duplicate instance names")
     if f.coordinator.heartbeat_timeout_s <= 2 * f.coordinator.heartbeat_s:
         raise CoralError(f"{source}: coordinator.heartbeat_timeout_s must exceed twice heartbeat_s")
     for m in models:
@@ -262,10 +260,7 @@ def parse_instances(data: Any, cluster: ClusterSpec, source: str = "plan") -> tu
         CoralError: naming the first problem found.
     """
     f = _validate(PlanFile, data, source)
-    instances = _instances(f.instances, list(cluster.models), source)
-    if len({i.name for i in instances}) != len(instances):
-        raise CoralError(f"{source}: duplicate instance names")
-    return tuple(instances)
+    return tuple(_instances(f.instances, list(cluster.models), source))
 
 
 def _models(files: list[ModelFile]) -> list[ModelSpec]:
@@ -304,6 +299,8 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
         if spec.stages[-1].layer_end != n:
             raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
         instances.append(spec)
+    if len({i.name for i in instances}) != len(instances):
+        raise CoralError(f"{source}: duplicate instance names")
     return instances
 
 

@@ -316,10 +316,9 @@ class _Sim:
         return h
 
     def _frontend_work(self, t: float, work: float) -> None:
-        """Give the front end `work` CPU seconds (host model with `frontend_work` only): a
+        """Give the front end `work` > 0 CPU seconds (host model with `frontend_work` only): a
         pseudo-node on the front-end host, busy while it has work, sharing the cores."""
-        if self.hosts is None or work <= 0:
-            return
+        assert self.hosts is not None
         fe = self._fe
         if fe is None:
             fe = self._fe = _Node(None, None)  # type: ignore[arg-type]
@@ -380,7 +379,8 @@ class _Sim:
     # -- requests through the cluster -----------------------------------------------------------
     def _arrival(self, t: float, rid: int) -> None:
         self.n_arrived += 1
-        self._frontend_work(t, self.fe_request)
+        if self.fe_request:
+            self._frontend_work(t, self.fe_request)
         if rid + 1 < len(self.r_arrival):
             self.push(self.r_arrival[rid + 1], _ARRIVAL, rid + 1)
         self._route_prefill(t, rid)
@@ -535,7 +535,8 @@ class _Sim:
         lane.rids.clear()
         lane.running = False
         inst.idle_lanes += 1
-        self._frontend_work(t, self.fe_token * len(rids))
+        if self.fe_token:  # off (0) unless Hosts.frontend_work: keeps the hot path free
+            self._frontend_work(t, self.fe_token * len(rids))
         for rid in rids:
             self.r_first[rid] = t
             if self.r_out[rid] <= 1:
@@ -617,7 +618,8 @@ class _Sim:
         inst = lane.inst
         lane.steps += 1
         rids = lane.rids
-        self._frontend_work(t, self.fe_token * len(rids))
+        if self.fe_token:  # off (0) unless Hosts.frontend_work: keeps the hot path free
+            self._frontend_work(t, self.fe_token * len(rids))
         lane.ctx_sum += len(rids)
         done = lane.finish_at.pop(lane.steps, None)
         if done:
