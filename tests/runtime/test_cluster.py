@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import load_cluster, parse_cluster
+from coral.runtime.cluster_config import load_cluster, parse_cluster, parse_instances
 from coral.runtime.model import BUILTIN_CONFIGS
 from coral.runtime.provisioner import Deployment
 
@@ -130,6 +130,12 @@ def test_cluster_file_errors(tmp_path: Path) -> None:
         parse_cluster({**CLUSTER, "instances": [{**CLUSTER["instances"][0], "model": "nope"}]})
     with pytest.raises(CoralError, match="not found"):
         load_cluster(tmp_path / "missing.yaml")
+    # one check for both the cluster file and a plan pushed at run time
+    twice = [CLUSTER["instances"][0], CLUSTER["instances"][0]]
+    with pytest.raises(CoralError, match="cluster file: duplicate instance names"):
+        parse_cluster({**CLUSTER, "instances": twice})
+    with pytest.raises(CoralError, match="plan: duplicate instance names"):
+        parse_instances({"instances": twice}, parse_cluster(CLUSTER))
 
 
 def test_example_cluster_file_is_valid() -> None:
