@@ -83,7 +83,7 @@ def test_templates_figure(tmp_path):
         [v["tok_per_s_per_usd"] for v in data["best_homogeneous_h100"].values()], default=0)
 
 
-def test_plan_and_simulate_json(tmp_path):
+def test_plan_and_simulate_json(tmp_path, data_dir):  # simulate replays the Azure traces
     cache = str(tmp_path / "cache")
     r = run("plan", "--scenario", "core", "--n-max", "2", "--cache-dir", cache, "--json", "--out", str(tmp_path / "plan.json"))
     assert r.exit_code == 0, r.output

@@ -20,7 +20,7 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cache
 
 
-def test_cost_quick_writes_report_summary_and_figures(tmp_path: Path, isolated_cache: Path) -> None:
+def test_cost_quick_writes_report_summary_and_figures(tmp_path: Path, isolated_cache: Path, data_dir: Path) -> None:
     out = tmp_path / "cost-run"
     result = CliRunner().invoke(experiment, ["cost", "--setup", "core", "--quick", "--jobs", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output

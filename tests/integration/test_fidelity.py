@@ -47,7 +47,7 @@ def test_profile_writes_a_table_load_profile_csv_reads(tmp_path):
     assert engine.layer_time_s(cat.config("1xL4"), spec, Shape(phase=Phase.DECODE, batch=4, prompt_tokens=64, output_tokens=0)) > 0
 
 
-def test_fidelity_quick_end_to_end(tmp_path):
+def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversation trace
     out = tmp_path / "fid"
     res = CliRunner().invoke(fidelity, ["--out", str(out), "--quick"])
     assert res.exit_code == 0, res.output

@@ -1,14 +1,11 @@
 """Derived model quantities, checked against hand arithmetic."""
 import json
-from pathlib import Path
 
 import pytest
 
 from coral.catalog import builtin_model, builtin_model_names, from_hf_config, load_hf_config
 from coral.catalog.models import MXFP4_BYTES_PER_PARAM
 from coral.errors import CoralError, UnknownNameError
-
-SHARED = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "models"
 
 
 def test_llama2_70b_layer_params():
@@ -58,10 +55,8 @@ def test_effective_context_sliding():
 
 @pytest.mark.parametrize("name,file", [("qwen3-32b", "qwen3-32b"), ("gpt-oss-120b", "gpt-oss-120b"),
                                        ("phi-4", "phi-4"), ("llama-3-70b", "llama-3.1-70b")])
-def test_builtin_matches_public_config(name, file):
-    path = SHARED / f"{file}.json"
-    if not path.exists():
-        pytest.skip("shared/data not present")
+def test_builtin_matches_public_config(name, file, data_dir):
+    path = data_dir / "models" / f"{file}.json"
     from_file = load_hf_config(path, name=name)
     assert from_file == builtin_model(name)
 

@@ -1,5 +1,4 @@
 """The performance model: roofline arithmetic, memory caps, profiles and calibration."""
-from pathlib import Path
 
 import pytest
 
@@ -9,7 +8,6 @@ from coral.perf import Efficiency, Phase, RooflinePerf, Shape, load_profile_csv,
 from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
 from coral.perf.roofline import FITTED_EFFICIENCY
 
-HELIX = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "profiles" / "helix_llama2_70b"
 CAT = builtin_catalog()
 
 
@@ -90,9 +88,13 @@ def test_profile_csv_errors(tmp_path):
         load_profile_csv(p, CAT)
 
 
-@pytest.mark.skipif(not HELIX.is_dir(), reason="shared/data not present")
-def test_calibration_meets_target_and_matches_defaults():
-    points = load_helix_profiles(HELIX, CAT)
+@pytest.fixture(scope="module")
+def helix(data_dir):
+    return data_dir / "profiles" / "helix_llama2_70b"
+
+
+def test_calibration_meets_target_and_matches_defaults(helix):
+    points = load_helix_profiles(helix, CAT)
     fitted, rows = calibrate(builtin_model("llama-2-70b"), points)
     summary = summarize(rows)
     assert summary["median_abs_error"] <= 0.20  # issue target on >= 250 prompt tokens / decode batch >= 8
@@ -102,22 +104,17 @@ def test_calibration_meets_target_and_matches_defaults():
         assert eff.bandwidth == pytest.approx(FITTED_EFFICIENCY[gpu].bandwidth, abs=0.02)
 
 
-@pytest.mark.skipif(not HELIX.is_dir(), reason="shared/data not present")
-def test_helix_profile_backend():
-    perf = profile_from_helix(HELIX, CAT)
+def test_helix_profile_backend(helix):
+    perf = profile_from_helix(helix, CAT)
     m = builtin_model("llama-2-70b")
     t = perf.layer_time_s(CAT.config("1xA100-40GB"), m, Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=1000, output_tokens=0))
     assert t == pytest.approx(8e-3)  # the measured point itself
 
 
-VIDUR = HELIX.parent / "vidur"
-
-
-@pytest.mark.skipif(not VIDUR.is_dir(), reason="shared/data not present")
-def test_vidur_gemm_fit_matches_shipped_defaults():
+def test_vidur_gemm_fit_matches_shipped_defaults(data_dir):
     from coral.perf.calibrate import fit_gemm_efficiency, load_vidur_mlp
 
-    points = load_vidur_mlp(VIDUR)
+    points = load_vidur_mlp(data_dir / "profiles" / "vidur")
     for gpu in ("A100-80GB", "H100"):
         ef, eb, err = fit_gemm_efficiency([p for p in points if p.gpu == gpu], CAT.gpu(gpu))
         assert ef == pytest.approx(FITTED_EFFICIENCY[gpu].flops, abs=0.02)

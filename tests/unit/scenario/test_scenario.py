@@ -16,6 +16,9 @@ def test_builtins_resolve():
     assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 1.861)
     ext = load_scenario("extended")
     assert len(ext.models) == 6 and len(ext.configs) == 20 and len(ext.regions) == 3
+
+
+def test_helix_builtin_resolves(data_dir):  # its perf model reads Helix's measured profiles
     helix = load_scenario("helix")
     assert sum(helix.availability.values()) == 4 + 6 + 8 + 4 + 10 + 6 + 4
 

@@ -2,27 +2,17 @@
 from __future__ import annotations
 
 import gzip
-import os
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def shared_data_dir() -> Path:
-    """`$CORAL_SHARED_DATA`, else `<repo>/../shared/data`."""
-    env = os.environ.get("CORAL_SHARED_DATA")
-    return Path(env) if env else (REPO / ".." / "shared" / "data").resolve()
-
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    """The shared data directory; the test is skipped when it is absent."""
-    path = shared_data_dir()
-    if not (path / "traces").is_dir():
-        pytest.skip(f"shared data directory {path}/traces is absent (set CORAL_SHARED_DATA to run these tests)")
-    return path
+def shared_data(data_dir: Path) -> Path:
+    """The public data folder (tests/conftest.py); the test is skipped when it has no traces."""
+    if not (data_dir / "traces").is_dir():
+        pytest.skip(f"{data_dir}/traces is absent (set CORAL_DATA_DIR to a copy of shared/data)")
+    return data_dir
 
 
 @pytest.fixture(scope="session")
