@@ -127,9 +127,14 @@ def test_data_dir_from_the_environment(monkeypatch: pytest.MonkeyPatch, shared_d
     assert shared_data / "traces" / "burstgpt_1_first400.csv.gz" == dataset_path("burstgpt")
 
 
-def test_checkout_fallback_and_explicit_dir(monkeypatch: pytest.MonkeyPatch, shared_data: Path, tmp_path: Path):
+def test_checkout_fallback_and_explicit_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    from coral.workload.datasets import checkout_data_dir
+
+    checkout = checkout_data_dir()
+    if checkout is None or not (checkout / "traces").is_dir():
+        pytest.skip("no shared/data beside this checkout: the fallback has nothing to find")
     monkeypatch.delenv("CORAL_DATA_DIR", raising=False)
-    assert shared_data.resolve() / "traces" / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv")
+    assert checkout / "traces" / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv")
     (tmp_path / "azure_llm_2023_conv.csv.gz").write_bytes(b"")  # a flat folder works too
     assert tmp_path / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv", tmp_path)
     with pytest.raises(CoralError, match=r"looked in .*--data-dir"):
