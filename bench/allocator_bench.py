@@ -36,7 +36,7 @@ OPTIONS = SolveOptions(backend="highs", time_limit_s=60.0, mip_gap=1e-4)
 def _template(model: str, phase: Phase, nodes: tuple[str, ...], theta: float) -> Template:
     stage = Stage(nodes=nodes, node_index=tuple(range(len(nodes))), layers=1, time_s=0.01,
                   throughput_tok_per_s=theta)
-    return Template(model=model, phase=phase, slo_ms=100.0, nodes=nodes,
+    return Template(model=model, phase=phase, slo_ms=100.0, budget_ms=100.0, nodes=nodes,
                     placement=Placement(stages=(stage,), micro_batch=1, throughput_tok_per_s=theta,
                                         latency_s=0.01, comm_s=0.0))
 

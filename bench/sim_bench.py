@@ -30,7 +30,7 @@ def _case(name: str, duration_s: float, epochs: int) -> dict[str, Any]:
     traces = build_workload(specs, duration_s=duration_s, seed=1)
     initial = sized_cluster(sc, templates, region)
 
-    def replan(now: float, demand: dict[tuple[str, Phase], float], running: list) -> list:
+    def replan(now: float, demand: dict[tuple[str, Phase], float], running: list, window: dict) -> list:
         return sized_cluster(sc, templates, region, demand=demand)
 
     t0 = time.perf_counter()

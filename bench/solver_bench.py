@@ -41,7 +41,7 @@ def run(quick: bool) -> list[dict]:
         configs = [catalog.config(n) for n in names]
         for stages in range(1, len(configs) + 1):
             problem = build_problem(perf, model, Phase.DECODE, configs, stages=stages, batch=16,
-                                    prompt_tokens=1024, output_tokens=256, slo_ms=250)
+                                    prompt_tokens=1024, output_tokens=256, budget_ms=250)
             for backend, formulation in COMBOS:
                 start = time.perf_counter()
                 placement, result = solve_placement_ilp(

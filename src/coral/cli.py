@@ -233,8 +233,9 @@ def scenario_summary(s: Any) -> dict[str, Any]:
         "models": [{"name": m.name, "spec": m.spec.name, "ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms,
                     "rate_per_s": m.rate_per_s, "dataset": m.workload.dataset,
                     "prompt_tokens_mean": m.prompt_tokens_mean, "output_tokens_mean": m.output_tokens_mean,
-                    "demand_prefill_tok_per_s": m.demand_tok_per_s(Phase.PREFILL, s.planner.target_utilization),
-                    "demand_decode_tok_per_s": m.demand_tok_per_s(Phase.DECODE, s.planner.target_utilization),
+                    "slo_attainment": m.slo.attainment,
+                    "demand_prefill_tok_per_s": m.demand_tok_per_s(Phase.PREFILL),
+                    "demand_decode_tok_per_s": m.demand_tok_per_s(Phase.DECODE),
                     "regions": list(m.regions) if m.regions else "all"} for m in s.models],
         "configs": [c.name for c in s.configs],
         "regions": [{"name": r, "offers": [{"config": c, "price_usd_per_h": s.prices[(r, c)],
@@ -365,7 +366,9 @@ def _placement_table(tmpl_dict: dict[str, Any], title: str) -> Table:
 @templates.command("solve")
 @click.option("--model", required=True, help="Built-in model name or config.json path.")
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), required=True)
-@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), required=True, help="TTFT (prefill) or TPOT (decode) budget.")
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), required=True, help=(
+    "TTFT (prefill) or TPOT (decode) SLO; the placement is held to the budget the planner derives from it "
+    "(prefill: ttft_headroom x SLO, 0.5 by default; decode: tpot_headroom x SLO, 0.9, with no KV transfer)."))
 @click.option("--nodes", required=True, help="Comma-separated node multiset, e.g. 1xL4,1xL40S,1xL40S.")
 @click.option("--prompt-tokens", type=click.FloatRange(min=1), default=1024.0, show_default=True)
 @click.option("--output-tokens", type=click.FloatRange(min=0), default=256.0, show_default=True)
@@ -387,6 +390,9 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
         solve_multiset,
         template_to_dict,
     )
+    from coral.scenario.schema import PlannerEntry
+    from coral.slo import Slo
+    from coral.templates.budget import latency_budget_ms
     from coral.templates.template import Template
 
     cat = builtin_catalog()
@@ -409,8 +415,11 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     ph = Phase(phase)
     if ph is Phase.PREFILL:
         grid = tuple(b for b in grid if b <= 8) or (1,)
-    tspec = TemplateSpec(model=spec, phase=ph, slo_ms=slo_ms, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-                         configs=configs, n_max=max(n_max, len(names)), rho=1e9, batches=grid)
+    defaults = PlannerEntry()
+    budget_ms = latency_budget_ms(Slo(ttft_ms=slo_ms, tpot_ms=slo_ms), ph, ttft_headroom=defaults.ttft_headroom,
+                                  tpot_headroom=defaults.tpot_headroom)
+    tspec = TemplateSpec(model=spec, phase=ph, slo_ms=slo_ms, budget_ms=budget_ms, prompt_tokens=prompt_tokens,
+                         output_tokens=output_tokens, configs=configs, n_max=max(n_max, len(names)), rho=1e9, batches=grid)
     perf = RooflinePerf()
     timings = _Timings(perf, tspec)
     solve_fn = None
@@ -429,20 +438,21 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     wall = time.perf_counter() - t0
     if placement is None:
         reason = _infeasible_reason(perf, spec, ph, configs, names, tspec, timings)
-        out = {"feasible": False, "reason": reason, "model": spec.name, "phase": phase, "slo_ms": slo_ms, "nodes": names,
-               "solve_s": wall}
+        out = {"feasible": False, "reason": reason, "model": spec.name, "phase": phase, "slo_ms": slo_ms,
+               "budget_ms": budget_ms, "nodes": names, "solve_s": wall}
         if as_json:
             return _emit_json(out)
         console.print(f"[bold red]infeasible:[/] {reason}")
         return
-    tmpl = Template(model=spec.name, phase=ph, slo_ms=slo_ms, nodes=tuple(names), placement=placement)
+    tmpl = Template(model=spec.name, phase=ph, slo_ms=slo_ms, budget_ms=budget_ms, nodes=tuple(names),
+                    placement=placement, prompt_tokens=prompt_tokens)
     d = template_to_dict(tmpl)
     out = {"feasible": True, **d, "solver": solver, "solve_s": wall,
            "latency_breakdown_ms": {"stages": [s["stage_time_ms"] for s in d["stages"]],
                                     "communication": placement.comm_s * 1e3 * (len(placement.stages) - 1)}}
     if as_json:
         return _emit_json(out)
-    console.print(_placement_table(d, f"{spec.name} {phase} on {' + '.join(names)}  (SLO {slo_ms:g} ms)"))
+    console.print(_placement_table(d, f"{spec.name} {phase} on {' + '.join(names)}  (SLO {slo_ms:g} ms, budget {budget_ms:g} ms)"))
     console.print(f"throughput [bold]{placement.throughput_tok_per_s:,.0f} tok/s[/], micro-batch {placement.micro_batch}, "
                   f"latency {placement.latency_s * 1e3:.1f} ms = stages {' + '.join(f'{s.time_s * 1e3:.1f}' for s in placement.stages)}"
                   f" + comm {placement.comm_s * 1e3 * (len(placement.stages) - 1):.1f}; solved in {wall:.2f} s ({solver})")
@@ -456,8 +466,9 @@ def _infeasible_reason(perf: Any, spec: Any, ph: Any, configs: Any, names: list[
     b = min(tspec.batches)
     t_min = min(timings.t[(n, b)] for n in names)
     lat = spec.num_layers * t_min
-    if lat > tspec.slo_ms / 1e3:
-        return f"SLO {tspec.slo_ms:g} ms is below the minimum achievable latency {lat * 1e3:.1f} ms (micro-batch {b})"
+    if lat > tspec.budget_ms / 1e3:
+        return (f"the latency budget {tspec.budget_ms:g} ms (SLO {tspec.slo_ms:g} ms) is below the minimum achievable "
+                f"latency {lat * 1e3:.1f} ms (micro-batch {b})")
     return "no placement fits both memory (incl. KV cache) and the SLO at any pipeline depth and micro-batch"
 
 

@@ -86,8 +86,9 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     Args:
         scenario: models (order, SLOs, nominal demand, region restrictions), prices, availability.
         library: the templates.
-        demand: tokens/s per (model, phase) replacing the nominal `demand_tok_per_s(phase,
-            target_utilization)`; pairs not given keep the nominal value.
+        demand: tokens/s per (model, phase) replacing the planned capacity of
+            `coral.allocator.demand.capacity_targets` (the queueing model on the scenario's traffic
+            sample); pairs not given keep that value.
         availability: nodes per (region, config) replacing the scenario's; pairs not given keep it.
         unbounded: ignore availability altogether (the abundant plan).
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
@@ -126,11 +127,18 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     dem: dict[Group, float] = {}
     slo: dict[Group, float] = {}
     allowed: dict[str, tuple[str, ...]] = {}
-    target = scenario.planner.target_utilization
+    given = {(k[0], _phase(k[1], f"demand[{k[0]}, {k[1]}]")) for k in demand} if demand is not None else set()
+    missing = [(m.name, ph) for m in scenario.models for ph in PHASES if (m.name, ph) not in given]
+    if missing:
+        from coral.allocator.demand import capacity_targets
+
+        targets = capacity_targets(scenario)
     for m in scenario.models:
         allowed[m.name] = tuple(m.regions) if m.regions else regions
         for ph in PHASES:
-            dem[(m.name, ph)] = _finite_nonneg(m.demand_tok_per_s(ph, target), f"demand[{m.name}, {ph.value}]")
+            if (m.name, ph) in missing:
+                dem[(m.name, ph)] = _finite_nonneg(targets[(m.name, ph)].capacity_tok_per_s,
+                                                   f"demand[{m.name}, {ph.value}]")
             slo[(m.name, ph)] = m.slo_ms(ph)
     if demand is not None:
         for key, value in demand.items():
@@ -205,7 +213,7 @@ def _group_arrays(ts: tuple[Template, ...]) -> tuple[list[str], np.ndarray, np.n
     lengths = np.fromiter((len(t.nodes) for t in ts), dtype=np.int64, count=len(ts))
     codes = np.fromiter((local.setdefault(n, len(local)) for t in ts for n in t.nodes), dtype=np.int64,
                         count=int(lengths.sum()))
-    throughput = np.fromiter((t.placement.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
+    throughput = np.fromiter((t.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
     names = list(local)
     _ARRAYS[id(ts)] = (ts, names, codes, lengths, throughput)
     while len(_ARRAYS) > 64:

@@ -91,6 +91,7 @@ def _templates(scenario: Any, layout: Any, node: str, prompt_mean: float, output
                decode_batch: int) -> dict[str, Any]:
     """Templates whose placements are exactly the runtime's instances; Θ at the nominal shape (b = 1)."""
     from coral.perf import Phase, Shape
+    from coral.scenario.traffic import template_budget_ms
     from coral.templates.problem import Placement, Stage
     from coral.templates.template import Template
 
@@ -110,7 +111,8 @@ def _templates(scenario: Any, layout: Any, node: str, prompt_mean: float, output
         placement = Placement(stages=tuple(stages), micro_batch=prefill_batch if phase is Phase.PREFILL else decode_batch,
                               throughput_tok_per_s=min(s.throughput_tok_per_s for s in stages),
                               latency_s=sum(s.time_s for s in stages) + comm * last, comm_s=comm)
-        out[inst.name] = Template(model=served.name, phase=phase, slo_ms=served.slo_ms(phase), nodes=(cfg.name,) * k,
+        out[inst.name] = Template(model=served.name, phase=phase, slo_ms=served.slo_ms(phase),
+                                  budget_ms=template_budget_ms(scenario, served.name, phase), nodes=(cfg.name,) * k,
                                   placement=placement)
     return out
 
@@ -457,7 +459,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         raise CoralError("no request finished on the runtime: " + "; ".join(errors[:3]))
 
     # 5. the simulator, same requests
-    def keep(_now: float, _demand: dict[tuple[str, Phase], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
+    def keep(_now: float, _demand: dict[tuple[str, Phase], float], running: list[InstanceSpec],
+             _window: Any) -> list[InstanceSpec]:
         return list(running)
 
     # The runtime's batching: S micro-batch groups per instance, waiting requests spread over them;

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from coral.allocator import Plan, allocate, tight_availability
+from coral.allocator.demand import Forecaster, capacity_targets, observed_rates
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
@@ -17,7 +18,7 @@ from coral.sim import SimResult, simulate
 from coral.solver import SolveOptions
 from coral.templates.library import build_library, default_cache_dir
 from coral.templates.template import TemplateLibrary
-from coral.workload import build_workload
+from coral.workload import Trace, build_workload
 
 AVAILABILITY_MODES = ("abundant", "tight")
 
@@ -80,6 +81,21 @@ def plan_specs(p: Plan) -> list[InstanceSpec]:
     return [InstanceSpec(template=i.template, region=i.region) for i in p.instances for _ in range(i.count)]
 
 
+def epoch_forecaster(scenario: Scenario) -> Forecaster:
+    """The per-run forecaster of the next epoch's rates (planner.forecast_quantile, scale_down_margin)."""
+    return Forecaster(quantile=scenario.planner.forecast_quantile, scale_down_margin=scenario.planner.scale_down_margin)
+
+
+def epoch_demand(scenario: Scenario, window: Mapping[str, Trace], forecast: Forecaster) -> dict[tuple[str, Phase | str], float]:
+    """The capacity to plan the next epoch with: the queueing model on the requests observed in the
+    last one, their rate scaled to the forecast (quantile + hysteresis)."""
+    rates = observed_rates(window)
+    want = forecast.update(rates)
+    scale = {m: (want[m] / r if r > 0 else 1.0) for m, r in rates.items()}
+    targets = capacity_targets(scenario, window, scale=scale)
+    return {g: t.capacity_tok_per_s for g, t in targets.items()}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimRun:
     result: SimResult
@@ -101,11 +117,12 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
         raise CoralError("--duration-s and --epoch-s must be > 0")
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=duration_s, seed=seed,
                             data_dir=data_dir, base_dir=scenario.base_dir)
-    util = scenario.planner.target_utilization
     plans = [plan(setup, method, options=options)]
+    forecast = epoch_forecaster(scenario)
 
-    def replan(now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec]) -> list[InstanceSpec]:
-        demand: dict[tuple[str, Phase | str], float] = {(m, Phase(ph)): v / util for (m, ph), v in observed.items()}
+    def replan(now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec],
+               window: Mapping[str, Trace]) -> list[InstanceSpec]:
+        demand = epoch_demand(scenario, window, forecast)
         prev = dict(Counter((s.region, s.template.key) for s in running))
         new = plan(setup, method, demand=demand, prev=prev, options=options)
         plans.append(new)

@@ -2,15 +2,17 @@
 from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
 from coral.policy.routing import (
     Candidate,
+    ROUTERS,
     InstanceSpec,
     SmoothWRR,
     WrrState,
     choose_decode,
+    least_work,
     wrr_next,
     wrr_start,
 )
 
 __all__ = [
-    "Candidate", "InstanceSpec", "Lifecycle", "LifecycleEvent", "SmoothWRR", "WrrState", "choose_decode",
+    "ROUTERS", "Candidate", "InstanceSpec", "Lifecycle", "LifecycleEvent", "SmoothWRR", "WrrState", "choose_decode", "least_work",
     "next_state", "wrr_next", "wrr_start",
 ]

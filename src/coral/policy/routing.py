@@ -1,6 +1,7 @@
-"""Request routing: smooth weighted round-robin ∝ throughput, and decode choice same region first."""
+"""Request routing: least outstanding work (the default), smooth weighted round-robin ∝ throughput, decode same region first."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,3 +128,36 @@ def choose_decode(candidates: Sequence[Candidate], src_region: str,
     out = dict(states)
     out[key] = state
     return group[i].id, out
+
+
+ROUTERS = ("least-work", "wrr")
+
+
+def least_work(outstanding: Sequence[float], rates: Sequence[float], new_work: float) -> int:
+    """Pick the instance that would finish a new request first: the least `(outstanding + new) /
+    rate` (lowest index on a tie). With prefill's queued prompt tokens over the template's
+    throughput this is least outstanding work, which sends a burst where it clears soonest
+    instead of in fixed proportions; with decode's held sequences over its slots, the least
+    occupied instance.
+
+    Args:
+        outstanding: per instance, work queued or running (tokens, or sequences).
+        rates: per instance, how fast it clears that work (> 0).
+        new_work: the new request's work, in the same unit.
+
+    Returns:
+        The chosen index.
+
+    Raises:
+        ValueError: no instances, mismatched lengths, or a rate that is not > 0.
+    """
+    if not outstanding or len(outstanding) != len(rates):
+        raise ValueError("least_work needs one outstanding figure and one rate per instance, at least one")
+    best, best_t = -1, math.inf
+    for i, (w, r) in enumerate(zip(outstanding, rates, strict=True)):
+        if not r > 0:
+            raise ValueError(f"least_work rates must be > 0, got {r}")
+        t = (w + new_work) / r
+        if t < best_t:
+            best, best_t = i, t
+    return best

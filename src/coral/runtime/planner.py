@@ -3,6 +3,7 @@ cluster's instance shapes that serves it (DESIGN §4 on the runtime's own shapes
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -26,8 +27,9 @@ def _template(spec: InstanceSpec) -> Template:
                    for st in spec.stages)
     placement = Placement(stages=stages, micro_batch=1, throughput_tok_per_s=spec.throughput_tok_per_s, latency_s=0.0,
                           comm_s=0.0)
-    return Template(model=spec.model, phase=Phase(spec.phase), slo_ms=0.0, nodes=(LOCAL_NODE,) * nodes,
-                    placement=placement)
+    # A cluster-file shape has no SLO: its latency is not planned, only its throughput.
+    return Template(model=spec.model, phase=Phase(spec.phase), slo_ms=math.inf, budget_ms=math.inf,
+                    nodes=(LOCAL_NODE,) * nodes, placement=placement)
 
 
 @dataclasses.dataclass(slots=True)

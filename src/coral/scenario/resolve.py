@@ -17,6 +17,7 @@ from coral.errors import CoralError, unknown
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
+from coral.slo import Slo
 from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile
 from coral.workload import WorkloadSpec
 
@@ -27,21 +28,29 @@ class ServedModel:
 
     name: str
     spec: ModelSpec
-    ttft_ms: float
-    tpot_ms: float
+    slo: Slo
     rate_per_s: float
     prompt_tokens_mean: float
     output_tokens_mean: float
     workload: WorkloadSpec
     regions: tuple[str, ...] | None = None
 
-    def slo_ms(self, phase: Phase) -> float:
-        return self.ttft_ms if phase is Phase.PREFILL else self.tpot_ms
+    @property
+    def ttft_ms(self) -> float:
+        return self.slo.ttft_ms
 
-    def demand_tok_per_s(self, phase: Phase, target_utilization: float = 1.0) -> float:
-        """`D_{m,φ} = λ·P̄ / u` for prefill, `λ·D̄ / u` for decode (tokens/s)."""
+    @property
+    def tpot_ms(self) -> float:
+        return self.slo.tpot_ms
+
+    def slo_ms(self, phase: Phase) -> float:
+        return self.slo.ms(phase)
+
+    def demand_tok_per_s(self, phase: Phase) -> float:
+        """The raw mean demand `λ·P̄` for prefill, `λ·D̄` for decode (tokens/s); the capacity a plan
+        provides for it comes from `coral.allocator.capacity`."""
         per_req = self.prompt_tokens_mean if phase is Phase.PREFILL else self.output_tokens_mean
-        return self.rate_per_s * per_req / target_utilization
+        return self.rate_per_s * per_req
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,7 +211,9 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
                 if r not in regions:
                     raise unknown("region", r, regions)
         models.append(ServedModel(
-            name=entry.name, spec=_model_spec(entry, base), ttft_ms=entry.ttft_ms, tpot_ms=entry.tpot_ms,
+            name=entry.name, spec=_model_spec(entry, base),
+            slo=Slo(ttft_ms=entry.ttft_ms, tpot_ms=entry.tpot_ms,
+                    attainment=entry.slo_attainment if entry.slo_attainment is not None else file.slo_attainment),
             rate_per_s=entry.workload.rate_per_s, prompt_tokens_mean=p_mean, output_tokens_mean=d_mean,
             workload=entry.workload, regions=tuple(entry.regions) if entry.regions else None))
     return Scenario(name=file.name, description=file.description, models=tuple(models), configs=configs,

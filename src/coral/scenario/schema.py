@@ -27,6 +27,8 @@ class ModelEntry(_Strict):
     tpot_ms: float = Field(gt=0, allow_inf_nan=False, description="Time-per-output-token SLO (decode step budget), ms.")
     workload: WorkloadSpec = Field(description="The model's traffic (see coral.workload.WorkloadSpec).")
     regions: list[str] | None = Field(None, description="Regions this model may run in (data residency); default: all.")
+    slo_attainment: float | None = Field(None, gt=0, lt=1, description=(
+        "Share of this model's requests that must meet both SLOs (overrides the scenario's slo_attainment)."))
 
 
 class RegionEntry(_Strict):
@@ -77,13 +79,24 @@ class PlannerEntry(_Strict):
 
     n_max: int = Field(6, ge=1, le=8, description="Most nodes in one template.")
     rho: float = Field(12.0, ge=1, allow_inf_nan=False, description="Templates may hold at most rho x the model's weight bytes of GPU memory.")
-    target_utilization: float = Field(0.8, gt=0, le=1, description="Plan capacity = demand / target_utilization.")
     ttft_headroom: float = Field(0.5, gt=0, le=1, description=(
-        "Prefill templates must reach TTFT within this share of the SLO, leaving the rest for queueing "
-        "(a template at 100 % of the SLO misses it as soon as one request waits)."))
-    tpot_headroom: float = Field(1.0, gt=0, le=1, description=(
-        "Decode templates must deliver one token per sequence within this share of the TPOT SLO "
-        "(their steady-state cadence with all micro-batches in flight is checked against it)."))
+        "Prefill templates must bring the attainment-quantile prompt to its first token within this share of "
+        "the TTFT SLO; the rest is left for queueing, which the capacity model sizes."))
+    tpot_headroom: float = Field(0.9, gt=0, le=1, description=(
+        "Decode templates must make one step within this share of the TPOT SLO, less the KV transfer each "
+        "output token pays for (their steady-state cadence with all micro-batches in flight is checked)."))
+    kv_share: float = Field(0.5, gt=0, lt=1, description=(
+        "At most this share of the TPOT SLO may go to the prefill -> decode KV transfer of the attainment-"
+        "quantile request; a model's templates only use nodes whose NIC keeps it there."))
+    history_s: float = Field(3600.0, gt=0, allow_inf_nan=False, description=(
+        "Length of the traffic sample (a separate draw of each model's workload) the first plan's capacity "
+        "is sized on; later epochs size on the traffic observed."))
+    forecast_quantile: float = Field(0.9, gt=0, lt=1, description=(
+        "Each epoch's demand is this quantile of the forecast of the next epoch's rate (EWMA level and the "
+        "spread of its past errors), not the raw last-epoch mean."))
+    scale_down_margin: float = Field(0.15, ge=0, lt=1, description=(
+        "Hysteresis: an epoch's capacity only falls when the new target is more than this share below the "
+        "running one (fewer instances stopped and restarted)."))
     init_s: float = Field(120.0, ge=0, allow_inf_nan=False, description="Startup time of a new instance (loading weights), s.")
     epoch_s: float = Field(360.0, gt=0, allow_inf_nan=False, description="Re-planning period, s.")
     batch_grid: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128], description=(
@@ -106,6 +119,10 @@ class ScenarioFile(_Strict):
     models: list[ModelEntry] = Field(min_length=1, description="Models to serve.")
     configs: list[str] = Field(min_length=1, description="Node configurations that may be rented, e.g. ['1xL4', '2xL40S'].")
     regions: list[RegionEntry] = Field(min_length=1, description="Regions and their prices / availability.")
+    slo_attainment: float = Field(0.95, gt=0, lt=1, description=(
+        "Share of each model's requests that must meet both SLOs (TTFT <= ttft_ms and TPOT = (e2e - TTFT) / "
+        "(output tokens - 1) <= tpot_ms); the plan's capacity is sized for it. Per-model override: "
+        "models[].slo_attainment."))
     default_availability: int = Field(64, ge=0, description="Nodes available per (region, configuration) unless listed.")
     derive_missing_prices: bool = Field(False, description=(
         "Price a configuration a region does not sell (e.g. AWS has no 2-GPU L40S) at the per-GPU price of the "

@@ -14,13 +14,14 @@ import numpy as np
 from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
 from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
-from coral.policy.routing import Candidate, InstanceSpec, SmoothWRR, WrrState, choose_decode
+from coral.policy.routing import ROUTERS, Candidate, InstanceSpec, SmoothWRR, WrrState, choose_decode, least_work
 from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
 from coral.templates.template import Template
 from coral.workload.trace import Trace
 
-ReplanFn = Callable[[float, dict[tuple[str, Phase], float], list[InstanceSpec]], list[InstanceSpec]]
+# (now, demand observed over the last epoch, running instances, that epoch's requests per model)
+ReplanFn = Callable[[float, dict[tuple[str, Phase], float], list[InstanceSpec], dict[str, Trace]], list[InstanceSpec]]
 ProgressFn = Callable[[float, float], None]
 LanesFn = Callable[[Template], int]
 
@@ -89,7 +90,7 @@ class _Batch:
 
 
 class _Instance:
-    __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "max_lanes", "midx", "phase", "queue", "ready_s",
+    __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
                  "region", "retiring", "spec", "token_budget", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s",
                  "weight")
 
@@ -110,6 +111,7 @@ class _Instance:
         self.retiring = False  # removed by a plan, serving until its replacements are ready
         self.token_budget = math.inf  # prefill: prompt tokens per micro-batch (set in start_instance)
         self.held = 0  # requests queued, running, or whose KV is on the way here
+        self.load = 0.0  # prefill: prompt tokens queued or running (the least-work router's figure)
         self.stages: list[list[_Node]] = []
         self.stage_layers: list[int] = []
         self.stage_wrr: list[SmoothWRR] = []
@@ -139,6 +141,7 @@ class _Sim:
         self.prefill_batching = "tokens"
         self.lanes: LanesFn | None = None
         self.spread = False
+        self.router = "least-work"
         self.hosts: Hosts | None = None
         self._hosts: dict[str, _Host] = {}
         self._fe: _Node | None = None  # the front end's pseudo-node (Hosts.frontend_work)
@@ -286,12 +289,14 @@ class _Sim:
                         raise CoralError(str(e)) from None
                     node.host = self._host(name, now)
         served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
-        shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, served.prompt_tokens_mean),
+        prompt = spec.template.prompt_tokens if spec.template.prompt_tokens is not None else served.prompt_tokens_mean
+        shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, prompt),
                       output_tokens=served.output_tokens_mean)
         # Prefill batches by tokens, as serving engines do (a max-batched-tokens budget): the
-        # template's micro-batch holds b prompts of the mean length, so that many tokens.
+        # template's micro-batch holds b prompts of the length its latency was checked at (the
+        # attainment-quantile prompt), so that many tokens: any batch within it meets that latency.
         if self.prefill_batching == "tokens":
-            inst.token_budget = inst.b * max(1.0, served.prompt_tokens_mean)
+            inst.token_budget = inst.b * max(1.0, prompt)
         last = len(inst.stages) - 1
         for s, nodes in enumerate(inst.stages):
             if len(nodes) > 1:  # WRR ∝ node throughput u/τ_k at the template's nominal shape
@@ -391,10 +396,15 @@ class _Sim:
         if wrr is None:
             self.pending_prefill[m].append(rid)
             return
-        inst = self.active[m][0][wrr.pick()]
+        act = self.active[m][0]
+        if self.router == "wrr" or len(act) == 1:
+            inst = act[wrr.pick()]
+        else:
+            inst = act[least_work([i.load for i in act], [i.weight for i in act], self.r_prompt[rid])]
         self.r_pinst[rid] = inst.id
         inst.queue.append(rid)
         inst.held += 1
+        inst.load += self.r_prompt[rid]
         self._start_prefill(t, inst)
 
     def _spread_cap(self, inst: _Instance) -> int:
@@ -539,6 +549,7 @@ class _Sim:
             self._frontend_work(t, self.fe_token * len(rids))
         for rid in rids:
             self.r_first[rid] = t
+            inst.load -= self.r_prompt[rid]
             if self.r_out[rid] <= 1:
                 self._complete(t, rid)
             else:
@@ -554,10 +565,14 @@ class _Sim:
         if not act:
             self.pending_decode[m].append((rid, src))
             return
-        cands = [Candidate(id=k, region=i.region, weight=i.weight) for k, i in enumerate(act)]
-        k, self.decode_states[m] = choose_decode(cands, src.inst.region, self.decode_states[m])
-        assert k is not None
-        dst = act[k]
+        if self.router == "wrr":
+            cands = [Candidate(id=k, region=i.region, weight=i.weight) for k, i in enumerate(act)]
+            k, self.decode_states[m] = choose_decode(cands, src.inst.region, self.decode_states[m])
+            assert k is not None
+            dst = act[k]
+        else:  # the least occupied (held sequences per slot), in the prefill's region while it has room
+            group = [i for i in act if i.region == src.inst.region and i.held < i.b * i.max_lanes] or act
+            dst = group[least_work([i.held for i in group], [i.b * i.max_lanes for i in group], 1.0)]
         self.r_dinst[rid] = dst.id
         dst.held += 1
         # The KV is re-sharded by layer onto the decode nodes; time it over the slowest NIC of
@@ -655,17 +670,25 @@ class _Sim:
         arr = self.r_arrival
         prompt = [0.0] * len(self.models)
         out = [0.0] * len(self.models)
+        seen: list[list[int]] = [[] for _ in self.models]
         while i < len(arr) and arr[i] < t:
             if arr[i] >= lo:
                 m = self.r_model[i]
                 prompt[m] += self.r_prompt[i]
                 out[m] += self.r_out[i]
+                seen[m].append(i)
             i += 1
         self._epoch_first = i
+        window: dict[str, Trace] = {}
         for m, name in enumerate(self.models):
             demand[(name, Phase.PREFILL)] = prompt[m] / self.epoch_s
             demand[(name, Phase.DECODE)] = out[m] / self.epoch_s
-        plan = list(self.replan(t, demand, self.running_specs()))
+            ids = seen[m]
+            window[name] = Trace(name=name, arrival_s=np.array([arr[k] - lo for k in ids], dtype=float),
+                                 prompt_tokens=np.array([self.r_prompt[k] for k in ids], dtype=np.int64),
+                                 output_tokens=np.array([self.r_out[k] for k in ids], dtype=np.int64),
+                                 window_s=self.epoch_s)
+        plan = list(self.replan(t, demand, self.running_specs(), window))
         self.apply_plan(t, plan)
         if self.progress is not None:
             self.progress(t, self.duration_s)
@@ -752,7 +775,7 @@ class _Sim:
 def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
              progress: ProgressFn | None = None, prefill_batching: str = "tokens", lanes: LanesFn | None = None,
-             spread: bool = False, hosts: Hosts | None = None) -> SimResult:
+             spread: bool = False, hosts: Hosts | None = None, router: str = "least-work") -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -779,6 +802,10 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         spread: False (default): a free lane takes queued requests up to its micro-batch, FIFO.
             True: as the runtime's scheduler, at most `ceil((held + queued) / lanes)` requests per
             lane, so that a few waiting requests go to different lanes instead of one.
+        router: "least-work" (default): prefill to the active instance whose outstanding prompt
+            tokens (with this one) clear soonest at its throughput, decode to the least occupied
+            instance (held sequences per slot) in the prefill's region first; "wrr": the paper's
+            smooth weighted round-robin ∝ template throughput (`coral.policy.routing`).
         hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
             cores, a busy node running at speed `min(1, cores / (busy nodes on the host + background))`.
 
@@ -786,7 +813,7 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         The run's `SimResult`.
 
     Raises:
-        CoralError: bad durations, a trace or instance for a model the scenario lacks, or an
+        CoralError: bad durations, an unknown router, a trace or instance for a model the scenario lacks, or an
             instance in a region without a price for one of its nodes, a `lanes` below 1, a node
             placed on an unknown host.
     """
@@ -794,7 +821,10 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         raise CoralError(f"prefill_batching must be 'tokens' or 'requests', got {prefill_batching!r}")
     sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
                replan=replan, progress=progress)
+    if router not in ROUTERS:
+        raise CoralError(f"unknown router {router!r}; valid routers: {', '.join(ROUTERS)}")
     sim.prefill_batching = prefill_batching
+    sim.router = router
     sim.lanes = lanes
     sim.spread = spread
     sim.hosts = hosts

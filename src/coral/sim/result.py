@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from coral.atomic import building_dir
+from coral.slo import attained, request_tpot_s
 
 STATUS_NAMES = ("in_flight", "in_flight", "in_flight", "finished", "failed")  # by engine status code
 _DONE, _FAILED = 3, 4
@@ -79,6 +80,7 @@ class SimResult:
     models: tuple[str, ...]
     ttft_slo_s: tuple[float, ...]
     tpot_slo_s: tuple[float, ...]
+    attainment_target: tuple[float, ...]  # per model, the share of requests the plan is sized to serve in SLO
     model: np.ndarray  # index into `models`
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
@@ -105,9 +107,7 @@ class SimResult:
     @property
     def tpot_s(self) -> np.ndarray:
         """Mean time between output tokens after the first (0 for one-token outputs), finished requests."""
-        gaps = np.maximum(self.output_tokens - 1, 1)
-        t = (self.done_s - self.first_token_s) / gaps
-        return np.where(self.output_tokens > 1, t, np.where(np.isnan(self.done_s), np.nan, 0.0))
+        return request_tpot_s(self.first_token_s, self.done_s, self.output_tokens)
 
     @property
     def e2e_s(self) -> np.ndarray:
@@ -127,8 +127,7 @@ class SimResult:
     def slo_met(self) -> np.ndarray:
         ttft_slo = np.asarray(self.ttft_slo_s)[self.model]
         tpot_slo = np.asarray(self.tpot_slo_s)[self.model]
-        with np.errstate(invalid="ignore"):
-            return (self.status == _DONE) & (self.ttft_s <= ttft_slo) & (self.tpot_s <= tpot_slo)
+        return (self.status == _DONE) & attained(self.ttft_s, self.tpot_s, ttft_slo, tpot_slo)
 
     # -- summary ------------------------------------------------------------------------------------
     def summary(self, *, timing: bool = True) -> dict[str, Any]:
@@ -202,6 +201,7 @@ class SimResult:
                          "in_flight": int(sel.sum() - done.sum() - failed.sum())},
             "failed_reasons": dict(sorted(reasons.items())),
             "slo_attainment": _ratio(n_met, float(done.sum() + failed.sum())),
+            "attainment_target": self.attainment_target[m],
             "goodput_tok_per_s": float(self.output_tokens[met & sel].sum()) / self.duration_s,
             "cost_usd_per_h": prefill["cost_usd_per_h"] + decode["cost_usd_per_h"],
             "ttft_s": _pcts(ttft), "tpot_s": _pcts(self.tpot_s[done]), "e2e_s": _pcts(self.e2e_s[done]),
@@ -292,6 +292,7 @@ def build_result(sim: Any, *, wall_s: float) -> SimResult:
         scenario=str(getattr(sc, "name", "")), seed=sim.seed, duration_s=sim.duration_s, epoch_s=sim.epoch_s,
         init_s=sim.init_s, models=tuple(sim.models),
         ttft_slo_s=tuple(m.ttft_ms / 1e3 for m in sc.models), tpot_slo_s=tuple(m.tpot_ms / 1e3 for m in sc.models),
+        attainment_target=tuple(m.slo.attainment for m in sc.models),
         model=np.asarray(sim.r_model, dtype=np.int64), arrival_s=np.asarray(sim.r_arrival, dtype=np.float64),
         prompt_tokens=np.asarray(sim.r_prompt, dtype=np.int64), output_tokens=np.asarray(sim.r_out, dtype=np.int64),
         status=np.asarray(sim.r_status, dtype=np.int64), reason=tuple(sim.r_reason),

@@ -27,17 +27,24 @@ def hand_template(scenario: Any, model: str, phase: Phase, nodes: Sequence[str],
     Returns:
         The template, or None when no placement fits memory and the SLO.
     """
+    from coral.scenario.traffic import template_budget_ms
+
     served = scenario.model(model)
+    budget = template_budget_ms(scenario, model, phase)
     configs = [scenario.config(n) for n in sorted(nodes)]
     problem = build_problem(scenario.perf, served.spec, phase, configs, stages=stages, batch=batch,
-                            prompt_tokens=prompt_tokens if prompt_tokens is not None else served.prompt_tokens_mean,
+                            prompt_tokens=problem_prompt(served, prompt_tokens),
                             output_tokens=output_tokens if output_tokens is not None else served.output_tokens_mean,
-                            slo_ms=served.slo_ms(phase))
+                            budget_ms=budget)
     placement = solve_exact(problem)
     if placement is None:
         return None
-    return Template(model=model, phase=phase, slo_ms=served.slo_ms(phase), nodes=tuple(sorted(nodes)),
-                    placement=placement)
+    return Template(model=model, phase=phase, slo_ms=served.slo_ms(phase), budget_ms=budget,
+                    nodes=tuple(sorted(nodes)), placement=placement, prompt_tokens=problem_prompt(served, prompt_tokens))
+
+
+def problem_prompt(served: Any, prompt_tokens: float | None) -> float:
+    return prompt_tokens if prompt_tokens is not None else served.prompt_tokens_mean
 
 
 def first_template(scenario: Any, model: str, phase: Phase, *, batches: Sequence[int],

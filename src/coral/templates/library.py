@@ -33,7 +33,7 @@ from coral.templates.problem import (
 )
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/2"  # 2: decode caps fold in the steady-state cadence
+LIBRARY_FORMAT = "coral-templates/3"  # 3: budgets from coral.templates.budget, Θ on the length distribution
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -45,17 +45,21 @@ class TemplateSpec:
 
     model: ModelSpec
     phase: Phase
-    slo_ms: float
-    prompt_tokens: float
+    slo_ms: float  # the phase's SLO as the scenario states it
+    budget_ms: float  # the latency the placements are held to (coral.templates.budget)
+    prompt_tokens: float  # the prompt length the latency is checked at (prefill: the quantile prompt)
     output_tokens: float
     configs: tuple[NodeConfig, ...]
     n_max: int
     rho: float
     batches: tuple[int, ...]
+    work_prompt_tokens: float | None = None  # prefill: E[P²]/E[P], where Θ is measured (None: prompt_tokens)
+    lengths: tuple[tuple[str, float], ...] = ()  # the length summary the spec came from (cache key)
 
     def cache_key(self, perf: PerfModel) -> str:
         payload = {
             "format": LIBRARY_FORMAT, "model": asdict(self.model), "phase": self.phase.value, "slo_ms": self.slo_ms,
+            "budget_ms": self.budget_ms, "work_prompt_tokens": self.work_prompt_tokens, "lengths": list(self.lengths),
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
             "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
@@ -116,7 +120,7 @@ class _Timings:
     def _caps(self, name: str, batch: int, stages: int) -> tuple[int, int, int, int]:
         cap = self.cap[(name, batch, stages)]
         if self.spec.phase is Phase.DECODE:
-            return decode_caps(self.t[(name, batch)], self.o[(name, batch)], cap, self.spec.slo_ms / 1e3, stages)
+            return decode_caps(self.t[(name, batch)], self.o[(name, batch)], cap, self.spec.budget_ms / 1e3, stages)
         return cap
 
     def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
@@ -126,7 +130,7 @@ class _Timings:
             num_layers=self.spec.model.num_layers, stages=stages, batch=batch, nodes=tuple(nodes),
             t=tuple(self.t[(n, batch)] for n in nodes), o=tuple(self.o[(n, batch)] for n in nodes),
             cap=tuple(caps), u=self.u[batch],
-            budget_s=self.spec.slo_ms / 1e3, comm_s=self.comm[(slowest, batch)] if stages > 1 else 0.0)
+            budget_s=self.spec.budget_ms / 1e3, comm_s=self.comm[(slowest, batch)] if stages > 1 else 0.0)
 
 
 def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
@@ -148,7 +152,7 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
 
     solve = solver or exact
     L = timings.spec.model.num_layers
-    budget = timings.spec.slo_ms / 1e3
+    budget = timings.spec.budget_ms / 1e3
     order = []
     for b in timings.spec.batches:
         ts = [timings.t[(n, b)] for n in nodes]
@@ -181,7 +185,7 @@ def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -
     slowest = timings.index[min(nodes, key=lambda n: timings.network[n])]
     js = np.zeros(len(nodes), dtype=np.int64)
     _, stages, bi, row = kernel.solve_multiset(
-        timings.spec.model.num_layers, timings.spec.slo_ms / 1e3, float(floor),
+        timings.spec.model.num_layers, timings.spec.budget_ms / 1e3, float(floor),
         np.array([timings.index[n] for n in names], dtype=np.int64), np.array(counts, dtype=np.int64),
         timings.batch_arr, timings.work, timings.T, timings.O, timings.CAP, timings.COMM[:, slowest].copy(),
         blocks, rows_all, row_off, js)
@@ -233,6 +237,7 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
     """
     start = time.perf_counter()
     timings = _Timings(perf, spec)
+    realized = _realized_throughput(perf, spec)
     total, candidates = enumerate_multisets(spec.configs, spec.model, spec.n_max, spec.rho)
     by_size: dict[int, list[tuple[str, ...]]] = {}
     for nodes in candidates:
@@ -272,8 +277,10 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
                         progress(done, len(candidates))
             for (nodes, floor), placement in zip(tasks, results, strict=True):
                 if placement is not None:
-                    found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, nodes=nodes,
-                                          placement=placement))
+                    found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms,
+                                          budget_ms=spec.budget_ms, nodes=nodes, placement=placement,
+                                          prompt_tokens=spec.prompt_tokens,
+                                          realized_tok_per_s=realized(nodes, placement)))
                     best_sub[nodes] = placement.throughput_tok_per_s
                 else:
                     best_sub[nodes] = floor
@@ -287,12 +294,49 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
     return found, stats
 
 
+def _realized_throughput(perf: PerfModel, spec: TemplateSpec) -> Callable[[tuple[str, ...], Placement], float]:
+    """Θ of a solved placement as it is realized on the length distribution.
+
+    - Prefill stages are re-timed at the prompt length `E[P²]/E[P]`: the per-token work of linear
+      layers plus causal attention equals the distribution's there.
+    - A pipeline only reaches its bottleneck stage's rate with enough micro-batches in flight. The
+      memory model allows `2·S·min_s d_s` (prefill) or `S·min_s d_s` (decode), so by Little's law
+      Θ ≤ lanes · u / latency; an unbalanced placement (a wide stage next to a narrow one) gets
+      that lower figure, which is what the simulator and an engine deliver.
+    """
+    work = spec.work_prompt_tokens if spec.phase is Phase.PREFILL and spec.work_prompt_tokens else spec.prompt_tokens
+    configs = {c.name: c for c in spec.configs}
+    memo: dict[tuple[str, int, int, int, int], float] = {}
+
+    def node_s(name: str, batch: int, layers: int, stage: int, stages: int) -> float:
+        key = (name, batch, layers, stage, stages)
+        v = memo.get(key)
+        if v is None:
+            shape = Shape(phase=spec.phase, batch=batch, prompt_tokens=work, output_tokens=spec.output_tokens)
+            v = memo[key] = perf.node_time_s(configs[name], spec.model, shape, layers, first=stage == 0,
+                                             last=stage == stages - 1)
+        return v
+
+    def theta(nodes: tuple[str, ...], placement: Placement) -> float:
+        b, stages = placement.micro_batch, len(placement.stages)
+        u = Shape(phase=spec.phase, batch=b, prompt_tokens=work, output_tokens=spec.output_tokens).work_tokens
+        times = [[node_s(n, b, st.layers, s, stages) for n in st.nodes] for s, st in enumerate(placement.stages)]
+        rate = min(sum(u / t for t in ts) for ts in times)
+        width = min(len(st.nodes) for st in placement.stages)
+        lanes = (2 if spec.phase is Phase.PREFILL else 1) * stages * width
+        latency = sum(max(ts) for ts in times) + (stages - 1) * placement.comm_s
+        return min(rate, lanes * u / latency)
+
+    return theta
+
+
 # --- serialization ---------------------------------------------------------------------------
 
 def template_to_dict(t: Template) -> dict[str, Any]:
     p = t.placement
     return {
-        "model": t.model, "phase": t.phase.value, "slo_ms": t.slo_ms, "nodes": list(t.nodes),
+        "model": t.model, "phase": t.phase.value, "slo_ms": t.slo_ms, "budget_ms": t.budget_ms, "nodes": list(t.nodes),
+        "prompt_tokens": t.prompt_tokens, "realized_tok_per_s": t.realized_tok_per_s,
         "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
         "comm_ms": p.comm_s * 1e3,
         "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
@@ -306,7 +350,9 @@ def template_from_dict(d: dict[str, Any]) -> Template:
                    for s in d["stages"])
     placement = Placement(stages=stages, micro_batch=int(d["micro_batch"]), throughput_tok_per_s=d["throughput_tok_per_s"],
                           latency_s=d["latency_ms"] / 1e3, comm_s=d["comm_ms"] / 1e3)
-    return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], nodes=tuple(d["nodes"]), placement=placement)
+    return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], budget_ms=d["budget_ms"],
+                    nodes=tuple(d["nodes"]), placement=placement, prompt_tokens=d.get("prompt_tokens"),
+                    realized_tok_per_s=d.get("realized_tok_per_s"))
 
 
 def default_cache_dir() -> Path:
@@ -358,20 +404,41 @@ def check_multiset(nodes: Sequence[str], n_max: int) -> None:
 
 def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
               models: Sequence[str] | None = None, phases: Sequence[Phase] | None = None) -> list[TemplateSpec]:
-    """One TemplateSpec per (model, phase) of a resolved scenario."""
+    """One TemplateSpec per (model, phase) of a resolved scenario: the latency budget, the lengths
+    and the configurations come from `coral.templates.budget` and the model's traffic sample.
+
+    Raises:
+        CoralError: a model whose KV transfer leaves no decode budget, or whose traffic can't be read.
+    """
+    from coral.scenario.traffic import length_summary, model_kv_link
+    from coral.templates.budget import latency_budget_ms, usable_configs
+
     planner = scenario.planner
-    # The templates' latency budget: the SLO less the headroom left for queueing.
-    headroom = {Phase.PREFILL: planner.ttft_headroom, Phase.DECODE: planner.tpot_headroom}
     out = []
     for m in scenario.models:
         if models and m.name not in models:
             continue
+        lengths = length_summary(scenario, m.name)
+        kv = model_kv_link(scenario, m.name)
+        configs = usable_configs(scenario.configs, kv)
         for phase in phases or (Phase.PREFILL, Phase.DECODE):
+            budget = latency_budget_ms(m.slo, phase, ttft_headroom=planner.ttft_headroom,
+                                       tpot_headroom=planner.tpot_headroom, kv=kv)
+            if not budget > 0:
+                raise CoralError(
+                    f"model {m.name}: the p{lengths.quantile * 100:g} request's KV transfer takes "
+                    f"{kv.per_output_token_ms:.3g} ms per output token even over {kv.floor_gbps:g} Gbps NICs, the "
+                    f"fastest offered, leaving no decode budget in the {m.tpot_ms:g} ms TPOT; relax tpot_ms, lower "
+                    "slo_attainment or offer nodes with faster NICs")
             batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
+            prefill = phase is Phase.PREFILL
             out.append(TemplateSpec(
-                model=m.spec, phase=phase, slo_ms=m.slo_ms(phase) * headroom[phase], prompt_tokens=m.prompt_tokens_mean,
-                output_tokens=m.output_tokens_mean, configs=scenario.configs, n_max=n_max or planner.n_max,
-                rho=rho or planner.rho, batches=batches or (1,)))
+                model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), budget_ms=budget,
+                prompt_tokens=lengths.prompt_q if prefill else lengths.prompt_mean,
+                output_tokens=lengths.output_mean, configs=configs, n_max=n_max or planner.n_max,
+                rho=rho or planner.rho, batches=batches or (1,),
+                work_prompt_tokens=lengths.prompt_work if prefill else None,
+                lengths=tuple(sorted(lengths.key().items()))))
     return out
 
 

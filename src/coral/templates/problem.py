@@ -132,7 +132,7 @@ def decode_caps(t: float, o: tuple[float, ...], cap: tuple[int, ...], budget_s: 
 
 
 def build_problem(perf: PerfModel, model: ModelSpec, phase: Phase, configs: list[NodeConfig], *, stages: int,
-                  batch: int, prompt_tokens: float, output_tokens: float, slo_ms: float) -> PlacementProblem:
+                  batch: int, prompt_tokens: float, output_tokens: float, budget_ms: float) -> PlacementProblem:
     """Time every node with the performance model for one `(S, b)`."""
     shape = Shape(phase=phase, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
     cache: dict[str, tuple[float, tuple[float, float, float, float], tuple[int, int, int, int]]] = {}
@@ -146,11 +146,11 @@ def build_problem(perf: PerfModel, model: ModelSpec, phase: Phase, configs: list
                for pos in (FIRST, MIDDLE, LAST, ONLY)}
         caps = (cap[0], cap[1], cap[2], cap[3])
         if phase is Phase.DECODE:
-            caps = decode_caps(t, (extra[0], extra[1], extra[2], extra[3]), caps, slo_ms / 1e3, stages)
+            caps = decode_caps(t, (extra[0], extra[1], extra[2], extra[3]), caps, budget_ms / 1e3, stages)
         cache[c.name] = (t, (extra[0], extra[1], extra[2], extra[3]), caps)
     slowest = min(configs, key=lambda c: c.network_bytes_per_s)
     comm = perf.transfer_s(model, shape, slowest, slowest) if stages > 1 else 0.0
     return PlacementProblem(
         num_layers=model.num_layers, stages=stages, batch=batch, nodes=tuple(c.name for c in configs),
         t=tuple(cache[c.name][0] for c in configs), o=tuple(cache[c.name][1] for c in configs),
-        cap=tuple(cache[c.name][2] for c in configs), u=shape.work_tokens, budget_s=slo_ms / 1e3, comm_s=comm)
+        cap=tuple(cache[c.name][2] for c in configs), u=shape.work_tokens, budget_s=budget_ms / 1e3, comm_s=comm)

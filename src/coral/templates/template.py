@@ -15,18 +15,28 @@ class Template:
 
     model: str
     phase: Phase
-    slo_ms: float
+    slo_ms: float  # the model's SLO for this phase (TTFT or TPOT), as the scenario states it
+    budget_ms: float  # the latency the placement was held to (coral.templates.budget.latency_budget_ms)
     nodes: tuple[str, ...]  # the multiset G', sorted config names
     placement: Placement
+    prompt_tokens: float | None = None  # the prompt length the latency was checked at (None: the mean)
+    realized_tok_per_s: float | None = None  # Θ on the length distribution; None: the placement's
 
     def __post_init__(self) -> None:
         if tuple(sorted(self.nodes)) != self.nodes:
             raise ValueError("Template.nodes must be sorted")
         if not self.nodes:
             raise ValueError("a template needs at least one node")
+        if not self.budget_ms > 0:
+            raise ValueError(f"Template.budget_ms must be > 0, got {self.budget_ms}")
+        if self.realized_tok_per_s is not None and not self.realized_tok_per_s > 0:
+            raise ValueError(f"Template.realized_tok_per_s must be > 0, got {self.realized_tok_per_s}")
 
     @property
     def throughput_tok_per_s(self) -> float:
+        """`Θ(τ)`: the rate realized on the model's length distribution (what the allocator counts)."""
+        if self.realized_tok_per_s is not None:
+            return self.realized_tok_per_s
         return self.placement.throughput_tok_per_s
 
     @property

@@ -27,7 +27,7 @@ def make_template(model: str, phase: Phase, nodes: Iterable[str], throughput: fl
     assert share > 0
     placement = Placement(stages=(stage,), micro_batch=1, throughput_tok_per_s=throughput, latency_s=0.01,
                           comm_s=0.0)
-    return Template(model=model, phase=phase, slo_ms=100.0, nodes=ns, placement=placement)
+    return Template(model=model, phase=phase, slo_ms=100.0, budget_ms=100.0, nodes=ns, placement=placement)
 
 
 def make_library(templates: Iterable[Template]) -> TemplateLibrary:

@@ -40,7 +40,7 @@ def const_template(model: str, phase: Phase, *, stages: int = 1, layers: int = 1
                      throughput_tok_per_s=tok * batch / (j * layer_s)) for s, j in enumerate(per))
     pl = Placement(stages=st, micro_batch=batch, throughput_tok_per_s=min(s.throughput_tok_per_s for s in st),
                    latency_s=sum(s.time_s for s in st), comm_s=0.0)
-    return Template(model=model, phase=phase, slo_ms=1e6, nodes=(node,) * stages, placement=pl)
+    return Template(model=model, phase=phase, slo_ms=1e6, budget_ms=1e6, nodes=(node,) * stages, placement=pl)
 
 
 def poisson_trace(name: str, rate: float, duration_s: float, seed: int, *, prompt: int = 100,

@@ -30,7 +30,7 @@ def test_plan_changes_and_draining_lose_no_request(core) -> None:  # noqa: ANN00
     plans = [[s["p2"], s["d2"]], [s["p"], s["p"], s["d"]], [], [s["p2"], s["d"], s["d2"]]]
     calls = []
 
-    def replan(now, demand, running):  # noqa: ANN001, ANN202
+    def replan(now, demand, running, window):  # noqa: ANN001, ANN202
         calls.append((now, demand, list(running)))
         return plans[len(calls) - 1] if len(calls) <= len(plans) else running
 
@@ -70,7 +70,7 @@ def test_conservation_at_every_epoch_and_failures_with_reason(core) -> None:  # 
     sc, model, trace, s = _setup(core, rate=200.0)  # overloaded: work is in flight at the boundaries
     other = sc.models[1].name
     t2 = dataclasses.replace(trace, name=other)
-    r = simulate(sc, {model: trace, other: t2}, [s["p"], s["d"]], lambda n, d, run: run,
+    r = simulate(sc, {model: trace, other: t2}, [s["p"], s["d"]], lambda n, d, run, w: run,
                  duration_s=60.0, epoch_s=10.0, init_s=0.0, seed=1)
     summ = r.summary(timing=False)
     epochs = summ["per_epoch"]
@@ -92,7 +92,7 @@ def test_cost_counts_starting_and_draining_nodes(core) -> None:  # noqa: ANN001
     # p (1 node) serves 0..15 s: replaced at 10 s, it keeps taking traffic until p2 is ready at
     # 15 s (make before break), then drains (idle: stops at once); p2 (2 x 1xL4) is paid from 10 s
     # (starting for 5 s) to the end at 20 s
-    r = simulate(sc, {model: empty}, [s["p"]], lambda n, d, run: [s["p2"]], duration_s=20.0, epoch_s=10.0,
+    r = simulate(sc, {model: empty}, [s["p"]], lambda n, d, run, w: [s["p2"]], duration_s=20.0, epoch_s=10.0,
                  init_s=5.0, seed=0)
     region = sc.regions[0]
     expected = (15 * sc.prices[(region, "1xL40S")] + 10 * 2 * sc.prices[(region, "1xL4")]) / 3600
@@ -104,7 +104,7 @@ def test_cost_counts_starting_and_draining_nodes(core) -> None:  # noqa: ANN001
 def test_same_seed_same_bytes(core, tmp_path) -> None:  # noqa: ANN001
     sc, model, trace, s = _setup(core, rate=40.0)
 
-    def replan(now, demand, running):  # noqa: ANN001, ANN202
+    def replan(now, demand, running, window):  # noqa: ANN001, ANN202
         return [s["p"], s["p2"], s["d"], s["d2"]] if now < 30 else [s["p"], s["d2"]]
 
     runs = [simulate(sc, {model: trace}, [s["p"], s["d"]], replan, duration_s=60.0, epoch_s=15.0, init_s=2.0,
@@ -131,7 +131,7 @@ def test_replaced_instance_serves_until_replacement_is_ready(core) -> None:  # n
     sc, model, trace, s = _setup(core, rate=5.0)
     # At 10 s the plan swaps p for p2 (ready at 40 s): requests arriving in between must still be
     # served by p, not wait for p2.
-    r = simulate(sc, {model: trace}, [s["p"], s["d"]], lambda n, d, run: [s["p2"], s["d"]], duration_s=60.0,
+    r = simulate(sc, {model: trace}, [s["p"], s["d"]], lambda n, d, run, w: [s["p2"], s["d"]], duration_s=60.0,
                  epoch_s=10.0, init_s=30.0, seed=0)
     between = (r.arrival_s >= 10.0) & (r.arrival_s < 30.0)
     assert between.any()

@@ -14,7 +14,7 @@ from coral.sim.synthetic import hand_template
 from coral.workload import Trace
 
 
-def keep(now, demand, running):  # noqa: ANN001, ANN201
+def keep(now, demand, running, window):  # noqa: ANN001, ANN201
     return running
 
 

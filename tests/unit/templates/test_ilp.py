@@ -144,7 +144,7 @@ def test_real_instance_six_nodes_both_backends_agree():
     catalog, model = builtin_catalog(), builtin_model("phi-4")
     configs = [catalog.config(n) for n in ("1xL40S", "1xL40S", "2xL4", "1xL4", "1xA10G", "1xT4")]
     p = build_problem(RooflinePerf(), model, Phase.DECODE, configs, stages=2, batch=8, prompt_tokens=1024,
-                      output_tokens=256, slo_ms=150)
+                      output_tokens=256, budget_ms=150)
     assert p.num_layers == 40
     got = {}
     for backend in ("highs", "cpsat"):

@@ -1,0 +1,135 @@
+"""The capacity each (model, phase) is planned with: the queueing model of
+`coral.allocator.capacity` on a traffic sample, with the template budgets and KV link of
+`coral.templates.budget`, and the epoch-to-epoch forecast and hysteresis (DESIGN §4a)."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coral.allocator.capacity import CapacityTarget, decode_capacity, prefill_capacity
+from coral.perf.model import Phase
+from coral.workload.trace import Trace
+
+Group = tuple[str, Phase]
+_MEMO: dict[tuple[Any, ...], dict[Group, CapacityTarget]] = {}
+
+
+def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, *,
+                     scale: Mapping[str, float] | None = None,
+                     boost: Mapping[Group, float] | None = None) -> dict[Group, CapacityTarget]:
+    """Per (model, phase), the capacity that keeps the model's attainment target on its traffic.
+
+    Args:
+        scenario: the resolved scenario (SLOs, targets, planner knobs, models' workloads).
+        samples: model -> requests to size on, each with its `window_s`; default the scenario's
+            traffic sample (`coral.scenario.traffic.traffic_sample`, `planner.history_s` long).
+        scale: model -> rate multiplier applied to its sample (the forecast's ratio to it): the
+            arrival times are compressed by it, which keeps the burstiness's shape.
+        boost: (model, phase) -> capacity multiplier on top (`coral plan --calibrate`).
+
+    Returns:
+        The targets; a model without requests in its sample gets 0.
+
+    Raises:
+        CoralError: a target that no capacity reaches (names the model and the latency that misses).
+    """
+    from coral.scenario.traffic import component_attainment, length_summary, model_kv_link, template_budget_ms
+
+    memo_key = None
+    if samples is None and not scale and not boost:
+        memo_key = (scenario.source.model_dump_json(), str(scenario.base_dir))
+        hit = _MEMO.get(memo_key)
+        if hit is not None:
+            return hit
+    out: dict[Group, CapacityTarget] = {}
+    for m in scenario.models:
+        if samples is None:
+            from coral.scenario.traffic import traffic_sample
+
+            tr = traffic_sample(scenario, m.name)
+        else:
+            tr = samples.get(m.name) or Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, np.int64),
+                                              output_tokens=np.zeros(0, np.int64), window_s=1.0)
+        window = float(tr.window_s or (float(tr.arrival_s.max()) if len(tr) else 1.0))
+        f = float((scale or {}).get(m.name, 1.0))
+        arr = np.sort(tr.arrival_s) / f if f > 0 else tr.arrival_s
+        order = np.argsort(tr.arrival_s, kind="stable")
+        p, d = tr.prompt_tokens[order], tr.output_tokens[order]
+        window /= f if f > 0 else 1.0
+        q = component_attainment(scenario, m.name)
+        lengths = length_summary(scenario, m.name)
+        pre = prefill_capacity(arr, p, window_s=window, ttft_s=m.ttft_ms / 1e3,
+                               budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
+                               prompt_q=lengths.prompt_q, attainment=q, model=m.name)
+        kv = model_kv_link(scenario, m.name)
+        dec = decode_capacity(arr, p, d, window_s=window, tpot_s=m.tpot_ms / 1e3,
+                              cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
+                              kv_s_per_token=kv.s_per_prompt_token, kv_latency_s=scenario.perf.system.network_latency_s,
+                              attainment=q, model=m.name)
+        for ph, target in ((Phase.PREFILL, pre), (Phase.DECODE, dec)):
+            k = float((boost or {}).get((m.name, ph), 1.0))
+            if k != 1.0:
+                target = CapacityTarget(capacity_tok_per_s=target.capacity_tok_per_s * k,
+                                        mean_tok_per_s=target.mean_tok_per_s,
+                                        predicted_attainment=target.predicted_attainment,
+                                        quantile_latency_s=target.quantile_latency_s)
+            out[(m.name, ph)] = target
+    if memo_key is not None:
+        if len(_MEMO) > 32:
+            _MEMO.clear()
+        _MEMO[memo_key] = out
+    return out
+
+
+@dataclass(slots=True)
+class Forecaster:
+    """Each epoch's rate per model: an EWMA level plus the `quantile` of its past one-step errors
+    (normal), never below the last observation's share the hysteresis keeps; so capacity follows
+    demand up at once and comes down only when it has clearly fallen."""
+
+    quantile: float = 0.9
+    alpha: float = 0.5
+    scale_down_margin: float = 0.15
+    level: dict[str, float] | None = None
+    err_sq: dict[str, float] | None = None
+    planned: dict[str, float] | None = None
+
+    def update(self, observed: Mapping[str, float]) -> dict[str, float]:
+        """Feed the rates observed over the last epoch (req/s per model); return the rates to plan for."""
+        from statistics import NormalDist
+
+        z = NormalDist().inv_cdf(self.quantile)
+        level = self.level if self.level is not None else {}
+        err = self.err_sq if self.err_sq is not None else {}
+        planned = self.planned if self.planned is not None else {}
+        out: dict[str, float] = {}
+        for m, x in observed.items():
+            prev = level.get(m)
+            if prev is None:
+                level[m], err[m] = x, (0.25 * x) ** 2  # no history: a 25 % spread
+            else:
+                e = x - prev
+                err[m] = (1 - self.alpha) * err[m] + self.alpha * e * e
+                level[m] = prev + self.alpha * e
+            want = max(x, level[m] + z * math.sqrt(err[m]))
+            old = planned.get(m)
+            if old is not None and (1 - self.scale_down_margin) * old <= want < old:
+                want = old  # hysteresis: keep the running capacity for a small drop
+            planned[m] = want
+            out[m] = want
+        self.level, self.err_sq, self.planned = level, err, planned
+        return out
+
+
+def observed_rates(window: Mapping[str, Trace]) -> dict[str, float]:
+    """Requests per second of each model over its window."""
+    return {m: (len(t) / t.window_s if t.window_s else 0.0) for m, t in window.items()}
+
+
+def demand_of(targets: Mapping[Group, CapacityTarget], groups: Sequence[Group] | None = None) -> dict[Group, float]:
+    """The allocator's demand rows: the targets' capacities (tok/s)."""
+    return {g: t.capacity_tok_per_s for g, t in targets.items() if groups is None or g in groups}

@@ -1,0 +1,75 @@
+"""A scenario's traffic as the planner sees it before any run: a sample of each model's workload
+(its "history"), the length summary at the attainment quantile and the KV link (DESIGN §4a)."""
+from __future__ import annotations
+
+from typing import Any
+
+from coral.catalog.hardware import NodeConfig
+from coral.errors import CoralError
+from coral.templates.budget import KvLink, kv_link, usable_configs
+from coral.workload.summary import LengthSummary, summarize_lengths
+from coral.workload.trace import Trace
+
+# The first plan is sized on another draw of the workload than the runs' (seeds 0, 1, ...), as a
+# user sizes on past traffic: for a trace replay it starts at another point of the trace.
+PLANNING_SEED = 7919
+
+_SAMPLES: dict[tuple[Any, ...], Trace] = {}
+
+
+def traffic_sample(scenario: Any, model: str, duration_s: float | None = None) -> Trace:
+    """`duration_s` (default `planner.history_s`) of `model`'s workload, drawn with `PLANNING_SEED`.
+
+    Raises:
+        CoralError: the workload's data cannot be read.
+    """
+    from coral.workload import build_workload
+
+    served = scenario.model(model)
+    window = float(duration_s or scenario.planner.history_s)
+    key = (served.name, served.workload.model_dump_json(), str(scenario.base_dir), window)
+    hit = _SAMPLES.get(key)
+    if hit is None:
+        if len(_SAMPLES) > 256:
+            _SAMPLES.clear()
+        hit = _SAMPLES[key] = build_workload({served.name: served.workload}, duration_s=window, seed=PLANNING_SEED,
+                                             base_dir=scenario.base_dir)[served.name]
+    if len(hit) == 0:
+        raise CoralError(f"model {model}: its workload produced no requests in {window:g} s; raise rate_per_s")
+    return hit
+
+
+def component_attainment(scenario: Any, model: str) -> float:
+    """The quantile each phase of `model` is sized to (`capacity.component_quantile`)."""
+    from coral.allocator.capacity import component_quantile
+
+    return component_quantile(scenario.model(model).slo.attainment)
+
+
+def length_summary(scenario: Any, model: str) -> LengthSummary:
+    """`model`'s length distribution at its per-phase quantile."""
+    return summarize_lengths(traffic_sample(scenario, model), component_attainment(scenario, model))
+
+
+def model_kv_link(scenario: Any, model: str) -> KvLink:
+    """The KV link `model`'s templates are held to (`coral.templates.budget.kv_link`)."""
+    served = scenario.model(model)
+    return kv_link(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
+                   scenario.planner.kv_share)
+
+
+def model_configs(scenario: Any, model: str) -> tuple[NodeConfig, ...]:
+    """The configurations `model`'s templates may use (fast enough for its KV link)."""
+    return usable_configs(scenario.configs, model_kv_link(scenario, model))
+
+
+def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
+    """The latency budget (ms) of `model`'s `phase` templates in this scenario: the one derivation
+    (`coral.templates.budget.latency_budget_ms` with the model's KV link) that the library,
+    `coral templates solve` and hand-made templates share."""
+    from coral.templates.budget import latency_budget_ms
+
+    served = scenario.model(model)
+    planner = scenario.planner
+    return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
+                             tpot_headroom=planner.tpot_headroom, kv=model_kv_link(scenario, model))

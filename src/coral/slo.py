@@ -1,0 +1,53 @@
+"""Latency SLOs and the one definition of attainment that the planner, the simulator and the
+reports share (DESIGN §4a).
+
+A request *attains* when its TTFT is within `ttft_ms` and its TPOT, `(e2e − TTFT) / (D − 1)` as
+`vllm bench serve` defines it, is within `tpot_ms` (a one-token output has no TPOT and attains on
+TTFT alone). A model's plan is sized so that a share `attainment` of its requests attain.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from coral.perf.model import Phase
+
+DEFAULT_ATTAINMENT = 0.95
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    """A model's latency targets and the share of requests that must meet both."""
+
+    ttft_ms: float
+    tpot_ms: float
+    attainment: float = DEFAULT_ATTAINMENT
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"Slo.{name} must be a finite number > 0, got {v}")
+        if not 0 < self.attainment < 1:
+            raise ValueError(f"Slo.attainment must be in (0, 1), got {self.attainment}")
+
+    def ms(self, phase: Phase) -> float:
+        """The phase's SLO: TTFT for prefill, TPOT for decode (ms)."""
+        return self.ttft_ms if phase is Phase.PREFILL else self.tpot_ms
+
+
+def request_tpot_s(ttft_s: np.ndarray, e2e_s: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
+    """Per-request TPOT `(e2e − TTFT) / (D − 1)`; 0 for one-token outputs, NaN where unfinished."""
+    out = np.asarray(output_tokens)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        t = (np.asarray(e2e_s) - np.asarray(ttft_s)) / np.maximum(out - 1, 1)
+    return np.where(out > 1, t, np.where(np.isnan(e2e_s), np.nan, 0.0))
+
+
+def attained(ttft_s: np.ndarray, tpot_s: np.ndarray, ttft_slo_s: np.ndarray | float,
+             tpot_slo_s: np.ndarray | float) -> np.ndarray:
+    """Which requests meet both SLOs (NaN, i.e. unfinished, never does)."""
+    with np.errstate(invalid="ignore"):
+        return (np.asarray(ttft_s) <= ttft_slo_s) & (np.asarray(tpot_s) <= tpot_slo_s)
