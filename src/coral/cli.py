@@ -666,25 +666,136 @@ def _prepare_with_progress(scenario_name: str, demand_scale: float, availability
 @click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True)
 @click.option("--gap", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative MIP gap.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the plan as JSON here.")
+@click.option("--verify", is_flag=True, help=(
+    "Simulate the plan for one epoch of the scenario's traffic and print each (model, phase)'s predicted "
+    "attainment next to its target. Exit code 3 when a model is predicted below its target."))
+@click.option("--calibrate", is_flag=True, help=(
+    "Verify, then raise the capacity of the (model, phase) pairs that miss and re-solve, printing each step, "
+    "up to --iterations times. Exit code 3 when it does not converge."))
+@click.option("--iterations", type=click.IntRange(min=0), default=4, show_default=True,
+              help="Most re-solves of --calibrate.")
+@click.option("--attainment", "attainment_list", default=None, help=(
+    "Comma-separated attainment targets, e.g. 0.5,0.9,0.95,0.99: print the plan's $/h at each (a table; "
+    "with --plot, a PNG) instead of one plan."))
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="With --attainment: write the cost-of-attainment plot (PNG) here.")
 @_json_opt
 def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
-             n_max: int | None, time_limit_s: float, gap: float, out: str | None, as_json: bool) -> None:
-    """Which nodes to rent where, and how to split each model across them (DESIGN §4)."""
+             n_max: int | None, time_limit_s: float, gap: float, out: str | None, verify: bool, calibrate: bool,
+             iterations: int, attainment_list: str | None, plot_path: str | None, as_json: bool) -> None:
+    """Which nodes to rent where, and how to split each model across them (DESIGN §4).
+
+    Capacity per (model, phase) is sized so that the model's slo_attainment share of its requests
+    meets both SLOs on its traffic (docs/allocator.md). Exit codes: 0 plan written, 2 bad input,
+    3 --verify / --calibrate predict a model below its attainment target.
+    """
     from coral.allocator import render_plan
     from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
 
+    options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
+    if attainment_list is not None:
+        return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
+                                 options, plot_path, out, as_json)
+    if plot_path:
+        raise CoralError("--plot goes with --attainment (the cost-of-attainment plot)")
     setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
-    result = plan(setup, method, options=SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap))
+    steps: list[Any] = []
+    if calibrate:
+        from coral.experiments.verify import calibrate_plan
+
+        def show(step: Any) -> None:
+            if not as_json:
+                _print_verdicts(step.verdicts, f"calibration step {step.iteration}: plan {step.cost_usd_per_h:.2f} $/h"
+                                + (f", capacity x{', x'.join(f'{k:.3g} {m}/{ph.value}' for (m, ph), k in step.boost.items())}"
+                                   if step.boost else ""))
+
+        result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
+    else:
+        result = plan(setup, method, options=options)
+        if verify:
+            from coral.experiments.verify import CalibrationStep, verify_plan
+
+            steps = [CalibrationStep(iteration=0, cost_usd_per_h=result.cost_usd_per_h, boost={},
+                                     verdicts=tuple(verify_plan(setup, result)))]
+            if not as_json:
+                _print_verdicts(steps[0].verdicts, f"verification: plan {result.cost_usd_per_h:.2f} $/h, one epoch simulated")
     data = {"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
             **result.to_json()}
+    if steps:
+        data["verification"] = [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
+                                 "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
+                                 "pairs": [{"model": v.model, "phase": v.phase.value, "attainment": v.attainment,
+                                            "phase_target": v.phase_target, "model_attainment": v.model_attainment,
+                                            "model_target": v.model_target} for v in st.verdicts]} for st in steps]
     if out:
         write_text(Path(out), json.dumps(data, indent=2, default=str))
     if as_json:
-        return _emit_json(data)
-    render_plan(result, console)
+        _emit_json(data)
+    else:
+        render_plan(result, console)
+        if out:
+            console.print(f"plan written to {out}")
+    if steps and not steps[-1].ok:
+        missing = sorted({f"{v.model} ({v.model_attainment:.1%} < {v.model_target:.0%})" for v in steps[-1].verdicts if not v.ok})
+        err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
+                           "predicted below target: ") + ", ".join(missing))
+        raise SystemExit(3)
+
+
+def _print_verdicts(verdicts: Any, title: str) -> None:
+    table = Table(title=title)
+    for col in ("model", "phase", "SLO", "predicted", "phase target", "model (both SLOs)", "model target", ""):
+        table.add_column(col, justify="left" if col in ("model", "phase", "") else "right")
+    for v in verdicts:
+        slo = "TTFT" if v.phase.value == "prefill" else "TPOT"
+        table.add_row(v.model, v.phase.value, slo, f"{v.attainment:.1%}", f"{v.phase_target:.1%}",
+                      f"{v.model_attainment:.1%}", f"{v.model_target:.0%}", "ok" if v.ok else "MISS")
+    console.print(table)
+
+
+def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, demand_scale: float, availability: str,
+                      jobs: int, cache_dir: str | None, options: Any, plot_path: str | None, out: str | None,
+                      as_json: bool) -> None:
+    from coral.experiments.verify import attainment_costs, plot_attainment_costs
+
+    try:
+        targets = [float(x) for x in attainment_list.split(",") if x.strip()]
+    except ValueError:
+        raise CoralError(f"--attainment must be comma-separated numbers in (0, 1), got {attainment_list!r}") from None
+    if not targets:
+        raise CoralError("--attainment needs at least one target, e.g. 0.9,0.95")
+    for a in targets:
+        if not 0 < a < 1:
+            raise CoralError(f"--attainment values must be in (0, 1), got {a:g}")
+
+    def note(a: float, p: Any) -> None:
+        if not as_json:
+            err_console.print(f"attainment {a:.0%}: {p.cost_usd_per_h:,.2f} $/h")
+
+    rows = attainment_costs(scenario_name, targets, method=method, demand_scale=demand_scale, availability=availability,
+                            jobs=jobs, cache_dir=Path(cache_dir) if cache_dir else None, options=options, on_target=note)
+    data = {"scenario": scenario_name, "method": method, "availability": availability, "demand_scale": demand_scale,
+            "rows": [{"attainment": a, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value,
+                      "cost_by_model": {m: sum(c for (mm, _), c in p.cost_by_model_phase().items() if mm == m)
+                                        for m in dict.fromkeys(d.model for d in p.demand)}} for a, p in rows]}
+    if plot_path:
+        plot_attainment_costs([(a, p.cost_usd_per_h) for a, p in rows], plot_path,
+                              f"{scenario_name} ({method}): the cost of attainment")
     if out:
-        console.print(f"plan written to {out}")
+        write_text(Path(out), json.dumps(data, indent=2))
+    if as_json:
+        return _emit_json(data)
+    base = rows[0][1].cost_usd_per_h
+    table = Table(title=f"Cost of attainment ({scenario_name}, {method})")
+    for col in ("target", "$/h", f"x {rows[0][0]:.0%}", *data["rows"][0]["cost_by_model"]):
+        table.add_column(col, justify="right")
+    for a, p in rows:
+        per = [f"{c:,.2f}" for c in data["rows"][[r["attainment"] for r in data["rows"]].index(a)]["cost_by_model"].values()]
+        table.add_row(f"{a:.0%}", f"{p.cost_usd_per_h:,.2f}", f"{p.cost_usd_per_h / base:.2f}" if base else "-", *per)
+    console.print(table)
+    if plot_path:
+        console.print(f"plot written to {plot_path}")
 
 
 @main.command("simulate")

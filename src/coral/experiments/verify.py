@@ -1,0 +1,171 @@
+"""`coral plan --verify / --calibrate / --attainment`: a plan checked in the simulator before it is
+applied, capacity raised where the prediction misses, and the cost of each attainment target."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from coral.allocator import Plan
+from coral.allocator.capacity import component_quantile
+from coral.allocator.demand import capacity_targets
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.workload import build_workload
+
+Group = tuple[str, Phase]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict:
+    """One (model, phase)'s predicted attainment (TTFT for prefill, TPOT for decode) and the model's
+    joint one (both SLOs), against the targets the plan was sized for."""
+
+    model: str
+    phase: Phase
+    attainment: float  # this phase's SLO alone
+    phase_target: float  # what the phase was sized to (half the allowed misses)
+    model_attainment: float  # both SLOs
+    model_target: float
+    requests: int
+
+    @property
+    def ok(self) -> bool:
+        return self.model_attainment >= self.model_target
+
+    @property
+    def phase_ok(self) -> bool:
+        return self.attainment >= self.phase_target
+
+
+def verify_plan(setup: Any, plan: Plan, *, duration_s: float | None = None, seed: int = 0) -> list[Verdict]:
+    """Simulate `plan` (held fixed, every instance ready) for one epoch of the scenario's traffic.
+
+    Raises:
+        CoralError: the traffic can't be generated, or the plan serves no model at all.
+    """
+    from coral.experiments.pipeline import plan_specs
+    from coral.sim import simulate
+
+    scenario = setup.scenario
+    span = float(duration_s or scenario.planner.epoch_s)
+    specs = plan_specs(plan)
+    if not specs:
+        raise CoralError("the plan has no instances to verify")
+    traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=span, seed=seed,
+                            base_dir=scenario.base_dir)
+    result = simulate(scenario, traces, specs, lambda now, demand, running, window: running, duration_s=span,
+                      epoch_s=span, init_s=scenario.planner.init_s, seed=seed)
+    out = []
+    met = result.slo_met
+    with np.errstate(invalid="ignore"):
+        for i, m in enumerate(scenario.models):
+            sel = result.model == i
+            n = int(sel.sum())
+            if n == 0:
+                continue
+            ttft_ok = float(np.mean(result.ttft_s[sel] <= m.ttft_ms / 1e3))
+            tpot_ok = float(np.mean(result.tpot_s[sel] <= m.tpot_ms / 1e3))
+            joint = float(np.mean(met[sel]))
+            for ph, a in ((Phase.PREFILL, ttft_ok), (Phase.DECODE, tpot_ok)):
+                out.append(Verdict(model=m.name, phase=ph, attainment=a, phase_target=component_quantile(m.slo.attainment),
+                                   model_attainment=joint, model_target=m.slo.attainment, requests=n))
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CalibrationStep:
+    iteration: int
+    cost_usd_per_h: float
+    boost: Mapping[Group, float]
+    verdicts: tuple[Verdict, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: float = 1.25, seed: int = 0,
+                   options: Any = None, on_step: Callable[[CalibrationStep], None] | None = None
+                   ) -> tuple[Plan, list[CalibrationStep]]:
+    """Verify, and while a model misses its target raise the capacity of its phases that miss
+    theirs (by `factor`, compounding) and re-solve; at most `iterations` re-solves.
+
+    Returns:
+        The last plan and every step (the first is the plan as sized); the caller checks the last
+        step's `ok`.
+    """
+    from coral.experiments.pipeline import plan as solve
+
+    if iterations < 0:
+        raise CoralError(f"--iterations must be >= 0, got {iterations}")
+    boost: dict[Group, float] = {}
+    current = solve(setup, method, options=options)
+    steps: list[CalibrationStep] = []
+    for it in range(iterations + 1):
+        verdicts = verify_plan(setup, current, seed=seed)
+        step = CalibrationStep(iteration=it, cost_usd_per_h=current.cost_usd_per_h, boost=dict(boost),
+                               verdicts=tuple(verdicts))
+        steps.append(step)
+        if on_step:
+            on_step(step)
+        if step.ok or it == iterations:
+            break
+        missing = [v for v in verdicts if not v.ok]
+        raise_pairs = [(v.model, v.phase) for v in missing if not v.phase_ok] or [(v.model, v.phase) for v in missing]
+        for g in raise_pairs:
+            boost[g] = boost.get(g, 1.0) * factor
+        targets = capacity_targets(setup.scenario, boost=boost)
+        current = solve(setup, method, demand={g: t.capacity_tok_per_s for g, t in targets.items()}, options=options)
+    return current, steps
+
+
+def attainment_costs(scenario_name: str, targets: Sequence[float], *, method: str, demand_scale: float,
+                     availability: str, jobs: int, cache_dir: Any, options: Any = None,
+                     on_target: Callable[[float, Plan], None] | None = None) -> list[tuple[float, Plan]]:
+    """The plan at each scenario-wide attainment target (per-model overrides are replaced)."""
+    from coral.experiments.pipeline import plan as solve
+    from coral.experiments.pipeline import prepare, scaled_scenario
+
+    out = []
+    for a in targets:
+        if not 0 < a < 1:
+            raise CoralError(f"--attainment values must be in (0, 1), got {a:g}")
+        base = scaled_scenario(scenario_name, demand_scale)
+        models = [{**m, "slo_attainment": None} for m in base.source.model_dump()["models"]]
+        scenario = scaled_scenario(scenario_name, demand_scale, {"slo_attainment": a, "models": models})
+        setup = prepare(scenario, availability=availability, jobs=jobs, cache_dir=cache_dir)
+        p = solve(setup, method, options=options)
+        out.append((a, p))
+        if on_target:
+            on_target(a, p)
+    return out
+
+
+def plot_attainment_costs(rows: Sequence[tuple[float, float]], path: Any, title: str) -> None:
+    """$/h against the attainment target, written atomically to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from coral.atomic import write_bytes
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    xs = [a * 100 for a, _ in rows]
+    ax.plot(xs, [c for _, c in rows], marker="o")
+    for x, (_, c) in zip(xs, rows, strict=True):
+        ax.annotate(f"${c:,.0f}", (x, c), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    ax.set_xlabel("attainment target (% of requests within both SLOs)")
+    ax.set_ylabel("plan $/h")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    plt.close(fig)
+    write_bytes(path, buf.getvalue())
