@@ -383,6 +383,9 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     from coral.catalog import builtin_catalog, builtin_model, builtin_model_names, load_hf_config
     from coral.errors import unknown
     from coral.perf import Phase, RooflinePerf
+    from coral.scenario.schema import PlannerEntry
+    from coral.slo import Slo
+    from coral.templates.budget import latency_budget_ms
     from coral.templates.library import (
         TemplateSpec,
         _Timings,
@@ -390,9 +393,6 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
         solve_multiset,
         template_to_dict,
     )
-    from coral.scenario.schema import PlannerEntry
-    from coral.slo import Slo
-    from coral.templates.budget import latency_budget_ms
     from coral.templates.template import Template
 
     cat = builtin_catalog()
@@ -775,10 +775,12 @@ def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, dem
 
     rows = attainment_costs(scenario_name, targets, method=method, demand_scale=demand_scale, availability=availability,
                             jobs=jobs, cache_dir=Path(cache_dir) if cache_dir else None, options=options, on_target=note)
-    data = {"scenario": scenario_name, "method": method, "availability": availability, "demand_scale": demand_scale,
-            "rows": [{"attainment": a, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value,
-                      "cost_by_model": {m: sum(c for (mm, _), c in p.cost_by_model_phase().items() if mm == m)
-                                        for m in dict.fromkeys(d.model for d in p.demand)}} for a, p in rows]}
+    per_model = [{m: sum(c for (mm, _), c in p.cost_by_model_phase().items() if mm == m)
+                  for m in dict.fromkeys(d.model for d in p.demand)} for _, p in rows]
+    data: dict[str, Any] = {
+        "scenario": scenario_name, "method": method, "availability": availability, "demand_scale": demand_scale,
+        "rows": [{"attainment": a, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value, "cost_by_model": pm}
+                 for (a, p), pm in zip(rows, per_model, strict=True)]}
     if plot_path:
         plot_attainment_costs([(a, p.cost_usd_per_h) for a, p in rows], plot_path,
                               f"{scenario_name} ({method}): the cost of attainment")
@@ -788,11 +790,11 @@ def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, dem
         return _emit_json(data)
     base = rows[0][1].cost_usd_per_h
     table = Table(title=f"Cost of attainment ({scenario_name}, {method})")
-    for col in ("target", "$/h", f"x {rows[0][0]:.0%}", *data["rows"][0]["cost_by_model"]):
+    for col in ("target", "$/h", f"x {rows[0][0]:.0%}", *(f"{m} $/h" for m in per_model[0])):
         table.add_column(col, justify="right")
-    for a, p in rows:
-        per = [f"{c:,.2f}" for c in data["rows"][[r["attainment"] for r in data["rows"]].index(a)]["cost_by_model"].values()]
-        table.add_row(f"{a:.0%}", f"{p.cost_usd_per_h:,.2f}", f"{p.cost_usd_per_h / base:.2f}" if base else "-", *per)
+    for (a, p), pm in zip(rows, per_model, strict=True):
+        table.add_row(f"{a:.0%}", f"{p.cost_usd_per_h:,.2f}", f"{p.cost_usd_per_h / base:.2f}" if base else "-",
+                      *(f"{c:,.2f}" for c in pm.values()))
     console.print(table)
     if plot_path:
         console.print(f"plot written to {plot_path}")

@@ -2,6 +2,7 @@
 (DESIGN §7's scarce setting) and `verify_plan` (an independent re-check of any plan)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -182,23 +183,24 @@ def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> list[int]
 def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: float | None = None,
                        demand: Mapping[tuple[str, Phase | str], float] | None = None,
                        options: SolveOptions | None = None, floor: int = 0) -> dict[tuple[str, str], int]:
-    """DESIGN §7's scarce setting: availability `margin` above the minimum the demand needs.
+    """DESIGN §7's scarce setting, as the paper sizes it: GPUs `margin` above the estimated
+    minimum demand, spread over every offer.
 
-    The minimum is read off Coral's optimal plan with unbounded availability: per (region,
-    config), the nodes that plan rents, `n_{r,c}`. The tight availability is
-    `⌈(1 + margin)·n_{r,c}⌉` there and `floor` (default 0) for every other sold pair, so the
-    scarce cluster has the right size for the demand but not the shape of any one method's
-    favourite plan beyond Coral's. (Per-config totals across regions would let a method move
-    everything into the cheapest region; per (region, config) keeps the geography.)
+    The minimum is method-neutral: the fewest GPUs any mix of the library's templates needs to
+    meet the demand (the allocation ILP with every node priced at its GPU count, availability
+    unbounded). `(1 + margin)` times that many GPUs are then spread evenly over every sold
+    (region, config): each gets `⌈(1 + margin)·G_min / (offers · gpus per node)⌉` nodes (at least
+    `floor`). No method's favourite shape is large enough on its own, so the availability binds
+    for all of them, and nothing about it comes from Coral's cost-optimal plan.
 
     Args:
         scenario: the scenario (its name picks the default margin: core 0.25, extended 0.75,
             anything else 0.25).
         library: the templates.
         margin: override the margin (>= 0).
-        demand: as for `allocate` (default: nominal demand).
-        options: solver options for the abundant plan.
-        floor: nodes given to every sold (region, config) the abundant plan does not use.
+        demand: as for `allocate` (default: the planned capacity).
+        options: solver options for the minimum-GPU plan.
+        floor: the fewest nodes any sold (region, config) gets.
 
     Returns:
         {(region, config): nodes} for every sold pair.
@@ -212,12 +214,15 @@ def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: 
     if isinstance(floor, bool) or not isinstance(floor, int) or floor < 0:
         raise CoralError(f"floor must be a whole number >= 0, got {floor!r}")
     inputs = build_inputs(scenario, library, demand=demand, unbounded=True)
-    plan = allocate_inputs(inputs, method="coral", options=options)
+    gpus = {c.name: c.count for c in scenario.configs}
+    by_gpus = dataclasses.replace(inputs, prices={k: float(gpus.get(k[1], 1)) for k in inputs.prices}, init_s=0.0)
+    plan = allocate_inputs(by_gpus, method="coral", options=options)
     if plan.status not in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT) or plan.alpha < 1 - _REL_TOL:
-        raise CoralError(f"scenario {scenario.name}: the abundant plan behind tight_availability ended "
+        raise CoralError(f"scenario {scenario.name}: the minimum-GPU plan behind tight_availability ended "
                          f"{plan.status.value} (alpha {plan.alpha:.3g}); {'; '.join(plan.notes)}")
-    used = {(n.region, n.config): n.count for n in plan.nodes}
-    return {key: math.ceil((1 + m) * used[key] - 1e-9) if key in used else floor for key in inputs.prices}
+    g_min = sum(n.count * gpus.get(n.config, 1) for n in plan.nodes)
+    share = (1 + m) * g_min / max(1, len(inputs.prices))
+    return {key: max(floor, math.ceil(share / gpus.get(key[1], 1) - 1e-9)) for key in inputs.prices}
 
 
 def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,

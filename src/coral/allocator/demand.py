@@ -37,7 +37,12 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
     Raises:
         CoralError: a target that no capacity reaches (names the model and the latency that misses).
     """
-    from coral.scenario.traffic import component_attainment, length_summary, model_kv_link, template_budget_ms
+    from coral.scenario.traffic import (
+        component_attainment,
+        length_summary,
+        model_kv_link,
+        template_budget_ms,
+    )
 
     memo_key = None
     if samples is None and not scale and not boost:

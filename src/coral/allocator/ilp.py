@@ -24,7 +24,7 @@ class Formulation:
     """A formulated allocation model and how to read its columns.
 
     Columns `[0, n)` are `ν_j` (one per `Columns` column `j`), then one `δ` per running column
-    (`running[k]` is its `ν` index), then `α` in goodput mode.
+    (`running[k]` is its `ν` index), then one `ε` per running column, then `α` in goodput mode.
     """
 
     model: MilpModel
@@ -66,20 +66,25 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         `j = (r, τ)` (`τ ∈ T(m, φ)`, every config of `τ` sold in `r`, `r` allowed for `m`,
         at least one instance fits), running columns `J⁺ = {j : ν^prev_j > 0}`.
     Parameters:
-        `p_j = p_r(τ)` $/h, `π_j = p_j · t_init / H` (H = 1 h), `Θ_j` tok/s, `U_c(τ)`,
+        `p_j = p_r(τ)` $/h, `π_j = p_j · t_init / H` (H = 1 h; also the price of stopping a running
+        instance: it keeps serving, paid, while its replacement initializes), `Θ_j` tok/s, `U_c(τ)`,
         `A_r(c)` nodes, `D_g` tok/s, `ν^prev_j`, `α` (given, cost mode).
     Variables:
         `ν_j ∈ Z, 0 ≤ ν_j ≤ min(⌊A_r(c)/U_c(τ)⌋, ⌈D_g/Θ_j⌉)` instances;
         `δ_j ≥ 0` for `j ∈ J⁺` (newly started instances; for `j ∉ J⁺`, `δ_j = ν_j` at the
-        optimum, so it is folded into the cost of `ν_j`); goodput mode: `0 ≤ α ≤ 1`.
+        optimum, so it is folded into the cost of `ν_j`); `ε_j ≥ 0` for `j ∈ J⁺` (instances
+        stopped); goodput mode: `0 ≤ α ≤ 1`.
     Objective:
-        cost mode: minimize `Σ_{j∉J⁺} (p_j + π_j)·ν_j + Σ_{j∈J⁺} (p_j·ν_j + π_j·δ_j)`;
+        cost mode: minimize `Σ_{j∉J⁺} (p_j + π_j)·ν_j + Σ_{j∈J⁺} (p_j·ν_j + π_j·δ_j + π_j·ε_j)`;
         goodput mode: maximize `α`.
     Constraints:
         (C1) availability: `Σ_{j in r} U_c(τ_j)·ν_j ≤ A_r(c)` for every (r, c) with finite A;
         (C2) demand: `Σ_{j∈g} Θ_j·ν_j ≥ α·D_g` (cost mode, α given) or
              `Σ_{j∈g} Θ_j·ν_j − D_g·α ≥ 0` (goodput mode) for every group g;
-        (C3) start-up: `ν_j − δ_j ≤ ν^prev_j` for `j ∈ J⁺` (cost mode only).
+        (C3) start-up: `ν_j − δ_j ≤ ν^prev_j` for `j ∈ J⁺` (cost mode only);
+        (C4) stop: `ν_j + ε_j ≥ ν^prev_j` for `j ∈ J⁺` (cost mode only): a replacement must save
+             more than the drain overlap and the start-up together, which keeps re-planning from
+             churning instances for a marginally cheaper mix.
 
     Args:
         inputs: checked inputs (for the start-up time).
@@ -103,15 +108,16 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     running = np.flatnonzero(nu_prev > 0) if mode == "cost" else np.zeros(0, dtype=np.int64)
     k = running.shape[0]
     use_alpha = mode == "goodput"
-    num = n + k + (1 if use_alpha else 0)
+    num = n + 2 * k + (1 if use_alpha else 0)
 
     c = np.zeros(num)
     if mode == "cost":
         c[:n] = cols.price + penalty
         c[running] = cols.price[running]
         c[n:n + k] = penalty[running]
+        c[n + k:n + 2 * k] = penalty[running]
     else:
-        c[n + k] = 1.0
+        c[n + 2 * k] = 1.0
 
     row_parts, col_parts, val_parts, lo_parts, hi_parts = [], [], [], [], []
     next_row = 0
@@ -136,7 +142,7 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     val_parts.append(theta)
     if use_alpha:
         row_parts.append(next_row + np.arange(G))
-        col_parts.append(np.full(G, n + k))
+        col_parts.append(np.full(G, n + 2 * k))
         val_parts.append(-cols.demand)
         lo_parts.append(np.zeros(G))
     else:
@@ -152,20 +158,27 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         lo_parts.append(np.full(k, -np.inf))
         hi_parts.append(nu_prev[running].astype(float))
         next_row += k
+        # (C4) stop of running templates: ν_j + ε_j ≥ ν^prev_j
+        row_parts += [next_row + np.arange(k), next_row + np.arange(k)]
+        col_parts += [running, n + k + np.arange(k)]
+        val_parts += [np.ones(k), np.ones(k)]
+        lo_parts.append(nu_prev[running].astype(float))
+        hi_parts.append(np.full(k, np.inf))
+        next_row += k
 
     A = sp.csr_matrix((np.concatenate(val_parts), (np.concatenate(row_parts), np.concatenate(col_parts))),
                       shape=(next_row, num))
     col_lower = np.zeros(num)
-    col_upper = np.concatenate([ub, ub[running], [1.0] if use_alpha else []])
+    col_upper = np.concatenate([ub, ub[running], nu_prev[running].astype(float), [1.0] if use_alpha else []])
     integrality = np.zeros(num, dtype=bool)
     integrality[:n] = True
-    resolution = np.ones(num)  # δ is integral at the optimum; α gets a fine grid
+    resolution = np.ones(num)  # δ and ε are integral at the optimum; α gets a fine grid
     if use_alpha:
-        resolution[n + k] = ALPHA_RESOLUTION
+        resolution[n + 2 * k] = ALPHA_RESOLUTION
     model = MilpModel(c=c, A=A, row_lower=np.concatenate(lo_parts), row_upper=np.concatenate(hi_parts),
                       col_lower=col_lower, col_upper=col_upper, integrality=integrality,
                       sense="max" if use_alpha else "min", resolution=resolution)
-    return Formulation(model=model, mode=mode, n=n, running=running, alpha_col=n + k if use_alpha else None,
+    return Formulation(model=model, mode=mode, n=n, running=running, alpha_col=n + 2 * k if use_alpha else None,
                        penalty=penalty)
 
 

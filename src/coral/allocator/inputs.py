@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -43,6 +43,7 @@ class AllocationInputs:
     init_s: float
     horizon_s: float = HORIZON_S
     nearest_latency_ms: Mapping[Group, float] | None = None
+    explain: Callable[[Group], str] | None = None  # why a group may have no template (budget, quantile, best latency)
 
     @property
     def groups(self) -> tuple[Group, ...]:
@@ -157,7 +158,29 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     return AllocationInputs(models=models, regions=regions, configs=configs, prices=prices, availability=avail,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
-                            nearest_latency_ms=near)
+                            nearest_latency_ms=near, explain=_explainer(scenario))
+
+
+def _explainer(scenario: Scenario) -> Callable[[Group], str] | None:
+    """What to say when a (model, phase) has no template: the budget its templates were held to,
+    at which length, and the best any node reaches (computed only then)."""
+    if not scenario.configs:
+        return None
+
+    def explain(g: Group) -> str:
+        from coral.scenario.traffic import fastest_latency_ms, length_summary, template_budget_ms
+
+        try:
+            budget = template_budget_ms(scenario, g[0], g[1])
+            best, cfg, prompt = fastest_latency_ms(scenario, g[0], g[1])
+            q = length_summary(scenario, g[0]).quantile
+        except (CoralError, ValueError, KeyError):
+            return "its templates are held to the budget of coral.templates.budget"
+        at = f"the p{q * 100:g} prompt ({prompt:,.0f} tokens)" if g[1] is Phase.PREFILL else "the mean context"
+        return (f"templates must reach {at} within a {budget:.4g} ms budget; the fastest node, one {cfg}, "
+                f"takes {best:.4g} ms")
+
+    return explain
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -195,7 +218,9 @@ def _no_template(inputs: AllocationInputs, g: Group, why: str) -> CoralError:
     near = (inputs.nearest_latency_ms or {}).get(g)
     if near is not None:
         msg += f"; the closest template's latency is {near:g} ms"
-    return CoralError(msg + "; relax the SLO, add configurations or raise n_max / rho")
+    if inputs.explain is not None:
+        msg += f"; {inputs.explain(g)}"
+    return CoralError(msg + "; relax the SLO, lower slo_attainment, add configurations or raise n_max / rho")
 
 
 _ARRAYS: OrderedDict[int, tuple[tuple[Template, ...], list[str], np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()

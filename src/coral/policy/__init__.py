@@ -1,8 +1,8 @@
 """Routing and lifecycle decisions shared by the simulator and the runtime (pure functions of state and time)."""
 from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
 from coral.policy.routing import (
-    Candidate,
     ROUTERS,
+    Candidate,
     InstanceSpec,
     SmoothWRR,
     WrrState,

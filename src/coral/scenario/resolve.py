@@ -17,8 +17,8 @@ from coral.errors import CoralError, unknown
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
-from coral.slo import Slo
 from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile
+from coral.slo import Slo
 from coral.workload import WorkloadSpec
 
 

@@ -73,3 +73,18 @@ def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
     planner = scenario.planner
     return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
                              tpot_headroom=planner.tpot_headroom, kv=model_kv_link(scenario, model))
+
+
+def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, str, float]:
+    """The lowest latency any template of `model` could reach in `phase`: one node of the fastest
+    usable configuration running every layer (a pipeline never shortens one request), at the
+    length the budget is checked at. Returns (ms, configuration, prompt tokens)."""
+    from coral.perf.model import Phase, Shape
+
+    served = scenario.model(model)
+    lengths = length_summary(scenario, model)
+    prompt = lengths.prompt_q if phase is Phase.PREFILL else lengths.prompt_mean
+    shape = Shape(phase=phase, batch=1, prompt_tokens=prompt, output_tokens=lengths.output_mean)
+    best = min((scenario.perf.node_time_s(c, served.spec, shape, served.spec.num_layers, first=True, last=True) * 1e3,
+                c.name) for c in model_configs(scenario, model))
+    return best[0], best[1], prompt

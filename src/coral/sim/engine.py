@@ -14,7 +14,15 @@ import numpy as np
 from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
 from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
-from coral.policy.routing import ROUTERS, Candidate, InstanceSpec, SmoothWRR, WrrState, choose_decode, least_work
+from coral.policy.routing import (
+    ROUTERS,
+    Candidate,
+    InstanceSpec,
+    SmoothWRR,
+    WrrState,
+    choose_decode,
+    least_work,
+)
 from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
 from coral.templates.template import Template

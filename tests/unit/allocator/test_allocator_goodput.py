@@ -87,7 +87,17 @@ def test_init_penalty_does_not_keep_a_much_dearer_template():
     scen, lib, demand = _penalty_case(2.50)
     plan = allocate(scen, lib, demand=demand, prev={("r1", "m1/prefill/A"): 1}, options=EXACT)
     assert [i.template.nodes for i in plan.instances] == [("B",)]
-    assert plan.objective == pytest.approx(2.5 + 2.5 / 30)
+    # B's price, its start-up (2.5 / 30) and stopping the running A (its drain overlap, 3.0 / 30)
+    assert plan.objective == pytest.approx(2.5 + 2.5 / 30 + 3.0 / 30)
+
+
+def test_stopping_is_priced_so_a_marginally_cheaper_mix_does_not_churn():
+    # B at 2.85 would win on start-up alone (2.85 + 2.85 / 30 = 2.945 < 3.0), but stopping A costs
+    # 3.0 / 30 more (3.045 > 3.0): the running A is kept.
+    scen, lib, demand = _penalty_case(2.85)
+    plan = allocate(scen, lib, demand=demand, prev={("r1", "m1/prefill/A"): 1}, options=EXACT)
+    assert [i.template.nodes for i in plan.instances] == [("A",)]
+    assert plan.objective == pytest.approx(3.0)
 
 
 def test_running_instances_beyond_need_are_shut_down():

@@ -3,7 +3,6 @@ region restrictions and tight availability."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import replace
 
 import pytest
@@ -91,17 +90,18 @@ def test_region_restriction_is_respected():
         assert verify_plan(plan, scen, LIB, demand=DEMAND) == []
 
 
-def test_tight_availability_scales_the_abundant_plan():
+def test_tight_availability_spreads_a_margin_above_the_fewest_gpus_over_every_offer():
     scen = make_scenario(["m1", "m2"], PRICES, AVAIL)  # named "core": margin 0.25
-    abundant = allocate(scen, LIB, demand=DEMAND, availability={k: 1000 for k in PRICES})
-    used = {(n.region, n.config): n.count for n in abundant.nodes}
+    # Fewest GPUs (A and B are 1-GPU nodes here): m1 prefill 200 = 2 x A (100 each), m1 decode
+    # 240 = 4 x B (60), m2 prefill 50 = 2 x A (40), m2 decode 30 = 1 x B (40): 9 GPUs.
+    # 1.25 x 9 / 4 offers = 2.81 -> 3 nodes per offer.
     tight = tight_availability(scen, LIB, demand=DEMAND)
-    assert set(tight) == set(PRICES)
-    assert tight == {k: math.ceil(1.25 * used[k]) if k in used else 0 for k in PRICES}
+    assert tight == {k: 3 for k in PRICES}
     plan = allocate(scen, LIB, demand=DEMAND, availability=tight)
-    assert plan.alpha == 1.0 and plan.cost_usd_per_h == pytest.approx(abundant.cost_usd_per_h)
-    wide = tight_availability(replace(scen, name="extended"), LIB, demand=DEMAND, floor=2)
-    assert all(wide[k] == (math.ceil(1.75 * used[k]) if k in used else 2) for k in PRICES)
+    assert plan.alpha == 1.0 and any(n.binding for n in plan.nodes)  # it fits, and it binds
+    wide = tight_availability(replace(scen, name="extended"), LIB, demand=DEMAND)  # 1.75 x 9 / 4 = 3.94
+    assert wide == {k: 4 for k in PRICES}
+    assert tight_availability(scen, LIB, demand=DEMAND, floor=5) == {k: 5 for k in PRICES}
 
 
 def test_report_renders_every_table():
