@@ -66,8 +66,9 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         `j = (r, τ)` (`τ ∈ T(m, φ)`, every config of `τ` sold in `r`, `r` allowed for `m`,
         at least one instance fits), running columns `J⁺ = {j : ν^prev_j > 0}`.
     Parameters:
-        `p_j = p_r(τ)` $/h, `π_j = p_j · t_init / H` (H = 1 h; also the price of stopping a running
-        instance: it keeps serving, paid, while its replacement initializes), `Θ_j` tok/s, `U_c(τ)`,
+        `p_j = p_r(τ)` $/h, `π_j = p_j · t_init / H` (H = 1 h), `σ_j = p_j · t_init / E` the price
+        of stopping a running instance (it keeps serving, paid, for `t_init` while its replacement
+        initializes: a cost borne within the epoch `E`), `Θ_j` tok/s, `U_c(τ)`,
         `A_r(c)` nodes, `D_g` tok/s, `ν^prev_j`, `α` (given, cost mode).
     Variables:
         `ν_j ∈ Z, 0 ≤ ν_j ≤ min(⌊A_r(c)/U_c(τ)⌋, ⌈D_g/Θ_j⌉)` instances;
@@ -75,7 +76,7 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         optimum, so it is folded into the cost of `ν_j`); `ε_j ≥ 0` for `j ∈ J⁺` (instances
         stopped); goodput mode: `0 ≤ α ≤ 1`.
     Objective:
-        cost mode: minimize `Σ_{j∉J⁺} (p_j + π_j)·ν_j + Σ_{j∈J⁺} (p_j·ν_j + π_j·δ_j + π_j·ε_j)`;
+        cost mode: minimize `Σ_{j∉J⁺} (p_j + π_j)·ν_j + Σ_{j∈J⁺} (p_j·ν_j + π_j·δ_j + σ_j·ε_j)`;
         goodput mode: maximize `α`.
     Constraints:
         (C1) availability: `Σ_{j in r} U_c(τ_j)·ν_j ≤ A_r(c)` for every (r, c) with finite A;
@@ -115,7 +116,7 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         c[:n] = cols.price + penalty
         c[running] = cols.price[running]
         c[n:n + k] = penalty[running]
-        c[n + k:n + 2 * k] = penalty[running]
+        c[n + k:n + 2 * k] = cols.price[running] * (inputs.init_s / inputs.epoch_s)
     else:
         c[n + 2 * k] = 1.0
 

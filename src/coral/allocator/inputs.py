@@ -42,6 +42,7 @@ class AllocationInputs:
     templates: Mapping[Group, tuple[Template, ...]]
     init_s: float
     horizon_s: float = HORIZON_S
+    epoch_s: float = HORIZON_S  # the re-planning period: a stopped instance's overlap is paid within it
     nearest_latency_ms: Mapping[Group, float] | None = None
     explain: Callable[[Group], str] | None = None  # why a group may have no template (budget, quantile, best latency)
 
@@ -158,6 +159,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     return AllocationInputs(models=models, regions=regions, configs=configs, prices=prices, availability=avail,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
+                            epoch_s=float(scenario.planner.epoch_s),
                             nearest_latency_ms=near, explain=_explainer(scenario))
 
 

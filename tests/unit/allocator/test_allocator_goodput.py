@@ -84,17 +84,18 @@ def test_init_penalty_keeps_a_running_template():
 
 
 def test_init_penalty_does_not_keep_a_much_dearer_template():
-    scen, lib, demand = _penalty_case(2.50)
+    scen, lib, demand = _penalty_case(1.50)
     plan = allocate(scen, lib, demand=demand, prev={("r1", "m1/prefill/A"): 1}, options=EXACT)
     assert [i.template.nodes for i in plan.instances] == [("B",)]
-    # B's price, its start-up (2.5 / 30) and stopping the running A (its drain overlap, 3.0 / 30)
-    assert plan.objective == pytest.approx(2.5 + 2.5 / 30 + 3.0 / 30)
+    # B's price, its start-up (1.5 x 120 s / 1 h) and stopping the running A: it keeps serving,
+    # paid, for the 120 s its replacement takes to start, within a 360 s epoch (3.0 x 120 / 360)
+    assert plan.objective == pytest.approx(1.5 + 1.5 / 30 + 3.0 / 3)
 
 
 def test_stopping_is_priced_so_a_marginally_cheaper_mix_does_not_churn():
-    # B at 2.85 would win on start-up alone (2.85 + 2.85 / 30 = 2.945 < 3.0), but stopping A costs
-    # 3.0 / 30 more (3.045 > 3.0): the running A is kept.
-    scen, lib, demand = _penalty_case(2.85)
+    # B at 2.5 would win on start-up alone (2.5 + 2.5 / 30 = 2.58 < 3.0), but stopping A costs
+    # 3.0 x 120 s / 360 s more (3.58 > 3.0): the running A is kept.
+    scen, lib, demand = _penalty_case(2.5)
     plan = allocate(scen, lib, demand=demand, prev={("r1", "m1/prefill/A"): 1}, options=EXACT)
     assert [i.template.nodes for i in plan.instances] == [("A",)]
     assert plan.objective == pytest.approx(3.0)
