@@ -129,5 +129,5 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
         return plan_specs(new)
 
     result = simulate(scenario, traces, plan_specs(plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
-                      init_s=scenario.planner.init_s, seed=seed, progress=progress)
+                      init_s=scenario.planner.init_s, seed=seed, progress=progress, router=scenario.planner.router)
     return SimRun(result=result, plans=tuple(plans))

@@ -57,7 +57,7 @@ def verify_plan(setup: Any, plan: Plan, *, duration_s: float | None = None, seed
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=span, seed=seed,
                             base_dir=scenario.base_dir)
     result = simulate(scenario, traces, specs, lambda now, demand, running, window: running, duration_s=span,
-                      epoch_s=span, init_s=scenario.planner.init_s, seed=seed)
+                      epoch_s=span, init_s=scenario.planner.init_s, seed=seed, router=scenario.planner.router)
     out = []
     met = result.slo_met
     with np.errstate(invalid="ignore"):

@@ -97,6 +97,10 @@ class PlannerEntry(_Strict):
     scale_down_margin: float = Field(0.15, ge=0, lt=1, description=(
         "Hysteresis: an epoch's capacity only falls when the new target is more than this share below the "
         "running one (fewer instances stopped and restarted)."))
+    router: Literal["least-work", "wrr"] = Field("least-work", description=(
+        "Request routing in the simulator: 'least-work' sends each prompt to the prefill instance that clears "
+        "it soonest (outstanding prompt tokens / throughput) and each decode to the least occupied instance; "
+        "'wrr' is the paper's weighted round-robin in proportion to template throughput."))
     init_s: float = Field(120.0, ge=0, allow_inf_nan=False, description="Startup time of a new instance (loading weights), s.")
     epoch_s: float = Field(360.0, gt=0, allow_inf_nan=False, description="Re-planning period, s.")
     batch_grid: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128], description=(

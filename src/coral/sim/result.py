@@ -219,8 +219,11 @@ class SimResult:
             inst: dict[str, dict[str, int]] = {}
             for key, state, count in e.instances:
                 inst.setdefault(key, {})[state] = count
+            started = sum(1 for i in self.instances if lo < i.start_s <= hi or (lo == 0.0 and i.start_s == 0.0))
+            stopped = sum(1 for i in self.instances if lo < i.stop_s <= hi and i.stop_s < self.duration_s)
             rows.append({
                 "t_start_s": lo, "t_end_s": hi, "arrived": e.arrived, "finished": e.finished, "failed": e.failed,
+                "instances_started": started, "instances_stopped": stopped,
                 "in_flight": e.in_flight, "conserved": e.conserved, "cost_usd": cost,
                 "cost_usd_per_h": cost / (span / 3600.0) if span > 0 else None,
                 "goodput_tok_per_s": float(self.output_tokens[fin].sum()) / span if span > 0 else None,
