@@ -290,7 +290,7 @@ def allreduce_errors(fit: LinkFit, curve: CollectiveProfile) -> dict[str, float]
     """The fit against the curve: the worst error at 1, 2, ..., 64 MiB (against each size's median)
     and the median error over every raw point from 1 to 64 MiB."""
     at = curve.binned_ms(CHECK_BINS) * 1e-3
-    binned = [fit.allreduce_s(c) / t - 1 for c, t in zip(CHECK_BINS, at, strict=True)]
+    binned = [float(fit.allreduce_s(c) / t - 1) for c, t in zip(CHECK_BINS, at, strict=True)]
     raw = [abs(fit.allreduce_s(s) / (ms * 1e-3) - 1) for s, ms in zip(curve.sizes, curve.ms, strict=True)
            if MIB <= s <= 64 * MIB]
     return {"worst_binned_abs_error": max(abs(e) for e in binned), "median_raw_abs_error": statistics.median(raw),
