@@ -67,11 +67,11 @@ def catalog_gpus(as_json: bool) -> None:
     if as_json:
         return _emit_json(rows)
     t = Table(title="GPU types")
-    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "intra-node GB/s"):
-        t.add_column(col, justify="right" if col != "name" else "left")
+    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "intra-node GB/s", "interconnect"):
+        t.add_column(col, justify="right" if col not in ("name", "interconnect") else "left")
     for g in cat.gpus.values():
         t.add_row(g.name, f"{g.memory_gib:g}", f"{g.hbm_gb_per_s:g}", f"{g.bf16_tflops:g}",
-                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.intra_node_gb_per_s:g}")
+                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.intra_node_gb_per_s:g}", g.interconnect)
     console.print(t)
 
 
@@ -112,9 +112,12 @@ def catalog_prices(region: str | None, prices: str | None, as_json: bool) -> Non
     for col in ("region", "config", "instance type", "on-demand", "spot", "network Gbps"):
         t.add_column(col)
     for o in rows:
-        t.add_row(o["region"], o["config"], o["instance_type"], f"{o['price_usd_per_h']:.3f}",
+        t.add_row(o["region"], o["config"], o["instance_type"],
+                  f"{o['price_usd_per_h']:.3f}" + (" SUSPECT" if o["suspect"] else ""),
                   f"{o['spot_usd_per_h']:.3f}" if o["spot_usd_per_h"] is not None else "-", f"{o['network_gbps']:g}")
     console.print(t)
+    if any(o["suspect"] for o in rows):
+        console.print("SUSPECT: the data README tags this row's price as unreliable; `--json` has its note")
 
 
 @catalog.command("models")
