@@ -1,9 +1,10 @@
 """Analytical roofline backend of the performance model (DESIGN §2, default)."""
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from coral.catalog.catalog import builtin_links
 from coral.catalog.hardware import LinkFit, NodeConfig
@@ -75,6 +76,9 @@ class RooflinePerf(PerfModel):
         self.efficiency = dict(FITTED_EFFICIENCY if efficiency is None else efficiency)
         self.default = default or DEFAULT_EFFICIENCY
         self.links = dict(builtin_links() if links is None else links)
+        # The links time every TP node, so they are part of the version caches are keyed by.
+        digest = hashlib.sha256(repr(sorted((k, asdict(v)) for k, v in self.links.items())).encode()).hexdigest()[:8]
+        self.version = f"{RooflinePerf.version}+links-{digest}"
 
     def eff(self, config: NodeConfig) -> Efficiency:
         return self.efficiency.get(config.gpu.name, self.default)

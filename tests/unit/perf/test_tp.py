@@ -149,3 +149,13 @@ def test_unfitted_interconnect_falls_back_to_nominal_ring():
     shape = Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=1000, output_tokens=0)
     nbytes = 1000 * LLAMA2.hidden_size * 2.0
     assert perf.tp_time_s(CAT.config("4xL4"), LLAMA2, shape) == pytest.approx(2 * 1.5 * nbytes / 64e9)
+
+
+def test_version_follows_the_links():
+    base = RooflinePerf()
+    assert base.version.startswith("roofline-2+links-") and base.version == RooflinePerf().version
+    other = dict(builtin_links())
+    f = other[("pcie", 2)]
+    other[("pcie", 2)] = LinkFit(interconnect="pcie", gpus=2, floor_s=f.floor_s, latency_s=f.latency_s,
+                                 bus_gb_per_s=2 * f.bus_gb_per_s)
+    assert RooflinePerf(links=other).version != base.version  # a template cache keyed by it goes stale
