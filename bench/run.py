@@ -39,18 +39,32 @@ def _fmt(v: Any) -> str:
 
 
 def bench_calibration(quick: bool) -> None:
-    from coral.catalog import builtin_catalog, builtin_model
-    from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
+    from coral.catalog import builtin_catalog
+    from coral.perf.calibrate import calibration_report
     from coral.workload_data import shared_data_dir
 
-    points = load_helix_profiles(shared_data_dir() / "profiles" / "helix_llama2_70b", builtin_catalog())
-    _, rows = calibrate(builtin_model("llama-2-70b"), points)
-    s = summarize(rows)
-    row("calibration", "median |error|, Helix points (>=250 tok / batch>=8)", s["median_abs_error"], "<= 0.20",
-        s["median_abs_error"] <= 0.20, f"{s['counted_points']:.0f} points")
+    profiles = shared_data_dir() / "profiles"
+    rep = calibration_report(profiles / "helix_llama2_70b", profiles / "vidur", builtin_catalog())
+    s, tp = rep.layer_summary, rep.speedup_summary
+    row("calibration", "single-GPU median |error|, Helix points", s["single_gpu_median_abs_error"], "<= 0.20",
+        s["single_gpu_median_abs_error"] <= 0.20, f"{s['single_gpu_points']:.0f} points (>=250 tok / batch>=8)")
+    row("calibration", "all-node median |error|, Helix points", s["median_abs_error"], "<= 0.20",
+        s["median_abs_error"] <= 0.20, f"{s['counted_points']:.0f} points incl. 2xL4, 2xT4, 4xT4")
     row("calibration", "p90 |error|", s["p90_abs_error"])
-    row("calibration", "leave-one-GPU-out median |error|", s["loo_median_abs_error"], "", None,
+    row("calibration", "leave-one-GPU-out median |error| (1 GPU)", s["single_gpu_loo_median_abs_error"], "", None,
         "unmeasured GPUs use the other GPUs' median fit")
+    row("calibration", "TP speedup median |error| (Helix PCIe + Vidur NVLink)", tp["median_abs_error"], "<= 0.10",
+        tp["median_abs_error"] <= 0.10, f"{tp['points']:.0f} points, in-sample")
+    row("calibration", "TP speedup worst |error|", tp["worst_abs_error"], "<= 0.20", tp["worst_abs_error"] <= 0.20,
+        "in-sample")
+    row("calibration", "TP speedup leave-one-out median |error|", tp["loo_median_abs_error"], "<= 0.10",
+        tp["loo_median_abs_error"] <= 0.10, "PCIe re-fit without the node; NVLink: other GPU count's fit")
+    row("calibration", "TP speedup leave-one-out worst |error|", tp["loo_worst_abs_error"], "<= 0.20",
+        tp["loo_worst_abs_error"] <= 0.20, "4xT4 from the 2-GPU PCIe fit alone")
+    for fit, errs in rep.allreduce:
+        name = f"all-reduce {fit.interconnect} x{fit.gpus} worst |error| 1-64 MiB"
+        row("calibration", name, errs["worst_binned_abs_error"], "<= 0.15", errs["worst_binned_abs_error"] <= 0.15,
+            f"vs Vidur size medians; raw-point median {errs['median_raw_abs_error']:.3f}")
 
 
 def _random_problems(n: int, seed: int) -> list[Any]:

@@ -67,11 +67,11 @@ def catalog_gpus(as_json: bool) -> None:
     if as_json:
         return _emit_json(rows)
     t = Table(title="GPU types")
-    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "intra-node GB/s"):
-        t.add_column(col, justify="right" if col != "name" else "left")
+    for col in ("name", "memory GiB", "HBM GB/s", "bf16 TFLOP/s", "fp8 TFLOP/s", "intra-node GB/s", "interconnect"):
+        t.add_column(col, justify="right" if col not in ("name", "interconnect") else "left")
     for g in cat.gpus.values():
         t.add_row(g.name, f"{g.memory_gib:g}", f"{g.hbm_gb_per_s:g}", f"{g.bf16_tflops:g}",
-                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.intra_node_gb_per_s:g}")
+                  f"{g.fp8_tflops:g}" if g.fp8_tflops else "-", f"{g.intra_node_gb_per_s:g}", g.interconnect)
     console.print(t)
 
 
@@ -112,9 +112,12 @@ def catalog_prices(region: str | None, prices: str | None, as_json: bool) -> Non
     for col in ("region", "config", "instance type", "on-demand", "spot", "network Gbps"):
         t.add_column(col)
     for o in rows:
-        t.add_row(o["region"], o["config"], o["instance_type"], f"{o['price_usd_per_h']:.3f}",
+        t.add_row(o["region"], o["config"], o["instance_type"],
+                  f"{o['price_usd_per_h']:.3f}" + (" SUSPECT" if o["suspect"] else ""),
                   f"{o['spot_usd_per_h']:.3f}" if o["spot_usd_per_h"] is not None else "-", f"{o['network_gbps']:g}")
     console.print(t)
+    if any(o["suspect"] for o in rows):
+        console.print("SUSPECT: the data README tags this row's price as unreliable; `--json` has its note")
 
 
 @catalog.command("models")
@@ -239,9 +242,11 @@ def scenario_summary(s: Any) -> dict[str, Any]:
                     "regions": list(m.regions) if m.regions else "all"} for m in s.models],
         "configs": [c.name for c in s.configs],
         "regions": [{"name": r, "offers": [{"config": c, "price_usd_per_h": s.prices[(r, c)],
-                                            "available": s.availability[(r, c)]}
+                                            "available": s.availability[(r, c)], "derived": s.is_derived(r, c),
+                                            **({"suspect": s.suspect[(r, c)]} if (r, c) in s.suspect else {})}
                                            for c in (cfg.name for cfg in s.configs) if (r, c) in s.prices]}
                     for r in s.regions],
+        "warnings": s.warnings(),
         "perf": s.perf.version, "planner": s.planner.model_dump(),
     }
 
@@ -255,6 +260,8 @@ def scenario_show(name: str, as_json: bool) -> None:
 
     s = load_scenario(name)
     data = scenario_summary(s)
+    for line in data["warnings"]:
+        err_console.print(f"[yellow]warning:[/] {line}")
     if as_json:
         return _emit_json(data)
     console.print(f"[bold]{s.name}[/]: {s.description}")
@@ -271,9 +278,13 @@ def scenario_show(name: str, as_json: bool) -> None:
     for r in s.regions:
         t.add_column(r)
     for c in data["configs"]:
-        cells = [f"{s.prices[(r, c)]:.2f} x{s.availability[(r, c)]}" if (r, c) in s.prices else "-" for r in s.regions]
+        cells = [f"{s.prices[(r, c)]:.2f} x{s.availability[(r, c)]}{' derived' if s.is_derived(r, c) else ''}"
+                 f"{' SUSPECT' if (r, c) in s.suspect else ''}" if (r, c) in s.prices else "-" for r in s.regions]
         t.add_row(c, *cells)
     console.print(t)
+    if s.derived:
+        console.print("derived: a shape the region does not sell, priced per GPU from the nearest larger shape sold there "
+                      "(derive_missing_prices)")
     console.print(f"perf model: {s.perf.version}; planner: {s.planner.model_dump()}")
 
 
@@ -286,38 +297,46 @@ def scenario_show(name: str, as_json: bool) -> None:
 @click.option("--all-points", is_flag=True, help="Print every point, not a summary per node and phase.")
 @_json_opt
 def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, as_json: bool) -> None:
-    """Fit per-GPU efficiencies to Helix's measured per-layer LLaMA-2-70B latencies; print
-    predicted vs measured, in-sample and leave-one-GPU-out."""
+    """Fit the performance model to measurements and print every fit's error, in-sample and
+    leave-one-out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe (Helix 2xL4,
+    2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), NCCL all-reduce fits, GEMM fits and
+    pipeline sends (Vidur)."""
     from collections import defaultdict
     from statistics import fmean
 
-    from coral.catalog import builtin_catalog, builtin_model
-    from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
+    from coral.catalog import builtin_catalog
+    from coral.perf.calibrate import calibration_report
     from coral.workload_data import shared_data_dir
 
     folder = profiles or str(shared_data_dir(data_dir) / "profiles" / "helix_llama2_70b")
-    points = load_helix_profiles(folder, builtin_catalog())
-    fitted, rows = calibrate(builtin_model("llama-2-70b"), points)
-    summary = summarize(rows)
+    vidur = shared_data_dir(data_dir) / "profiles" / "vidur" if (profiles is None or data_dir is not None) else None
+    rep = calibration_report(folder, vidur, builtin_catalog())
+    summary, tp = rep.layer_summary, rep.speedup_summary
     if as_json:
-        return _emit_json({"fitted": {k: asdict(v) for k, v in fitted.items()}, "summary": summary,
-                           "points": [asdict(r) for r in rows]})
-    t = Table(title="Fitted efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
+        return _emit_json({
+            "fitted": {k: asdict(v) for k, v in rep.fitted.items()}, "summary": summary,
+            "pcie": {str(n): asdict(f) for n, f in rep.pcie.items()},
+            "tp_speedups": [{**asdict(r), "error": r.error, "loo_error": r.loo_error} for r in rep.speedups],
+            "tp_summary": tp,
+            "allreduce": [{**asdict(f), **e} for f, e in rep.allreduce],
+            "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
+            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows]})
+    t = Table(title="Fitted single-GPU efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
     for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
         t.add_column(col)
-    for g, e in fitted.items():
+    for g, e in rep.fitted.items():
         t.add_row(g, f"{e.flops:.3f}", f"{e.decode_flops or e.flops:.3f}", f"{e.bandwidth:.3f}", f"{e.layer_overhead_s * 1e6:.0f}")
     console.print(t)
     t = Table(title="Predicted vs measured per-layer ms (points with >= 250 prompt tokens or decode batch >= 8)")
     for col in ("node", "phase", "tokens" if all_points else "points", "measured", "predicted", "error", "leave-one-GPU-out error"):
         t.add_column(col, justify="right")
     if all_points:
-        for r in rows:
+        for r in rep.layer_rows:
             t.add_row(r.config, r.phase, str(r.tokens), f"{r.measured_ms:.2f}", f"{r.predicted_ms:.2f}",
                       f"{r.error:+.1%}", f"{r.loo_error:+.1%}")
     else:
         groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
-        for r in rows:
+        for r in rep.layer_rows:
             if r.counted:
                 groups[(r.config, r.phase)].append(r)
         for (cfg, ph), rs in groups.items():
@@ -325,23 +344,48 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
                       f"{fmean(r.predicted_ms for r in rs):.2f} (mean)", f"{fmean(abs(r.error) for r in rs):.1%} (MAE)",
                       f"{fmean(abs(r.loo_error) for r in rs):.1%} (MAE)")
     console.print(t)
-    console.print(f"median |error| {summary['median_abs_error']:.1%}, mean {summary['mean_abs_error']:.1%}, "
-                  f"p90 {summary['p90_abs_error']:.1%} over {summary['counted_points']:.0f} points; "
-                  f"leave-one-GPU-out median {summary['loo_median_abs_error']:.1%}, mean {summary['loo_mean_abs_error']:.1%}")
-    from collections import defaultdict as _dd
-
-    from coral.perf.calibrate import fit_gemm_efficiency, load_vidur_mlp
-
-    vidur = _dd(list)
-    for p in load_vidur_mlp(shared_data_dir(data_dir) / "profiles" / "vidur"):
-        vidur[p.gpu].append(p)
-    t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
-    for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
-        t.add_column(col)
-    for g, pts in vidur.items():
-        ef, eb, err = fit_gemm_efficiency(pts, builtin_catalog().gpu(g))
-        t.add_row(g, str(len(pts)), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
+    console.print(f"single GPU: median |error| {summary['single_gpu_median_abs_error']:.1%} over "
+                  f"{summary['single_gpu_points']:.0f} points (leave-one-GPU-out {summary['single_gpu_loo_median_abs_error']:.1%}); "
+                  f"all nodes: median {summary['median_abs_error']:.1%}, p90 {summary['p90_abs_error']:.1%} over "
+                  f"{summary['counted_points']:.0f} points")
+    t = Table(title="Tensor-parallel speedup T(1 GPU)/T(n GPUs) (leave-one-out: PCIe without that node; NVLink: another GPU count's all-reduce fit)")
+    for col in ("source", "node", "phase", "tokens", "measured", "predicted", "error", "leave-one-out error"):
+        t.add_column(col, justify="right")
+    for sp in rep.speedups:
+        t.add_row(sp.source, sp.config, sp.phase, str(sp.tokens), f"{sp.measured:.2f}", f"{sp.predicted:.2f}",
+                  f"{sp.error:+.1%}", f"{sp.loo_error:+.1%}")
     console.print(t)
+    console.print(f"TP speedup: median |error| {tp['median_abs_error']:.1%}, worst {tp['worst_abs_error']:.1%} over "
+                  f"{tp['points']:.0f} points (target <= 10 % / 20 %); leave-one-out median {tp['loo_median_abs_error']:.1%}, "
+                  f"worst {tp['loo_worst_abs_error']:.1%}")
+    t = Table(title="PCIe all-reduce fitted to Helix's multi-GPU nodes (shipped: interconnects.csv)")
+    for col in ("GPUs", "latency µs", "bus GB/s", "from"):
+        t.add_column(col)
+    for n, f in rep.pcie.items():
+        t.add_row(str(n), f"{f.latency_s * 1e6:.1f}", f"{f.bus_gb_per_s:.2f}", f.source)
+    console.print(t)
+    if rep.allreduce:
+        t = Table(title="NCCL all-reduce fits to Vidur (error of the shipped fit at 1, 2, 4, ..., 64 MiB; target <= 15 %)")
+        for col in ("link", "GPUs", "floor µs", "latency µs", "bus GB/s @32MiB", "size exp.", "worst |error|", "median raw |error|"):
+            t.add_column(col, justify="right")
+        for fit, errs in rep.allreduce:
+            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.floor_s * 1e6:.1f}", f"{fit.latency_s * 1e6:.1f}",
+                      f"{fit.bus_gb_per_s:.1f}", f"{fit.size_exponent:.3f}", f"{errs['worst_binned_abs_error']:.1%}",
+                      f"{errs['median_raw_abs_error']:.1%}")
+        console.print(t)
+        t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
+        for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
+            t.add_column(col)
+        for g, (ef, eb, err, n_pts) in rep.gemm.items():
+            t.add_row(g, str(n_pts), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
+        console.print(t)
+        t = Table(title="Pipeline send: Vidur cross-node send_recv (one GPU per node) vs the model's inter-stage send")
+        for col in ("node", "MiB", "measured ms", "measured GB/s", "model ms (8-GPU AWS node network)"):
+            t.add_column(col, justify="right")
+        for row in rep.sends:
+            t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
+                      f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
+        console.print(t)
 
 
 # --- templates -------------------------------------------------------------------------------------
@@ -655,6 +699,16 @@ def _prepare_with_progress(scenario_name: str, demand_scale: float, availability
                        cache_dir=Path(cache_dir) if cache_dir else None, step=step)
 
 
+def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
+    """Add `"derived": true/false` to a plan's node and instance entries: a derived shape is one the
+    region does not sell, priced by the scenario's `derive_missing_prices`."""
+    for n in data.get("nodes", []):
+        n["derived"] = scenario.is_derived(n["region"], n["config"])
+    for i in data.get("instances", []):
+        i["derived"] = any(scenario.is_derived(i["region"], c) for c in i["nodes"])
+    return data
+
+
 @main.command("plan")
 @_scenario_opt
 @_method_opt
@@ -720,8 +774,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                      verdicts=tuple(verify_plan(setup, result)))]
             if not as_json:
                 _print_verdicts(steps[0].verdicts, f"verification: plan {result.cost_usd_per_h:.2f} $/h, one epoch simulated")
-    data = {"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
-            **result.to_json()}
+    data = _mark_derived({"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
+                          **result.to_json()}, setup.scenario)
     if steps:
         data["verification"] = [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
                                  "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
@@ -733,7 +787,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     if as_json:
         _emit_json(data)
     else:
-        render_plan(result, console)
+        render_plan(result, console, derived=setup.scenario.derived)
         if out:
             console.print(f"plan written to {out}")
     if steps and not steps[-1].ok:

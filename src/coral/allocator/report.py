@@ -1,6 +1,8 @@
 """Render a `Plan` as rich tables (nodes per region, instances, demand vs capacity, cost)."""
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from rich.console import Console
 from rich.table import Table
 
@@ -11,9 +13,10 @@ def _fmt(x: float | None, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def plan_tables(plan: Plan) -> list[Table]:
+def plan_tables(plan: Plan, derived: Collection[tuple[str, str]] = ()) -> list[Table]:
     """The plan as four tables: summary, nodes per region, instances, demand vs capacity and cost
-    by (model, phase). No I/O; the caller prints them."""
+    by (model, phase). `derived` (region, config) shapes, which the region does not sell, are
+    marked "(derived)". No I/O; the caller prints them."""
     summary = Table(title=f"Plan ({plan.method})", show_header=False)
     summary.add_column("field")
     summary.add_column("value", justify="right")
@@ -32,7 +35,7 @@ def plan_tables(plan: Plan) -> list[Table]:
                       ("binding", "center")):
         nodes.add_column(col, justify=just)  # type: ignore[arg-type]
     for n in sorted(plan.nodes, key=lambda n: (n.region, n.config)):
-        nodes.add_row(n.region, n.config, str(n.count), "∞" if n.available is None else str(n.available),
+        nodes.add_row(n.region, n.config + (" (derived)" if (n.region, n.config) in derived else ""), str(n.count), "∞" if n.available is None else str(n.available),
                       "yes" if n.binding else "")
 
     inst = Table(title="Serving instances")
@@ -42,7 +45,8 @@ def plan_tables(plan: Plan) -> list[Table]:
         inst.add_column(col, justify=just)  # type: ignore[arg-type]
     for i in sorted(plan.instances, key=lambda i: (i.model, i.phase.value, i.region, i.template.nodes)):
         stages = " | ".join(f"{'+'.join(s.nodes)}:{s.layers}" for s in i.template.placement.stages)
-        inst.add_row(i.model, i.phase.value, i.region, "+".join(i.template.nodes), stages, str(i.count),
+        names = "+".join(c + ("*" if (i.region, c) in derived else "") for c in i.template.nodes)
+        inst.add_row(i.model, i.phase.value, i.region, names, stages, str(i.count),
                      f"{i.throughput_tok_per_s:,.0f}", f"{i.price_usd_per_h:.2f}")
 
     dem = Table(title="Demand vs capacity")
@@ -55,8 +59,10 @@ def plan_tables(plan: Plan) -> list[Table]:
     return [summary, nodes, inst, dem]
 
 
-def render_plan(plan: Plan, console: Console | None = None) -> None:
-    """Print the plan's tables to `console` (default: a new stdout console)."""
+def render_plan(plan: Plan, console: Console | None = None, derived: Collection[tuple[str, str]] = ()) -> None:
+    """Print the plan's tables to `console` (default: a new stdout console); `derived` as in plan_tables."""
     console = console or Console()
-    for table in plan_tables(plan):
+    for table in plan_tables(plan, derived):
         console.print(table)
+    if any((i.region, c) in derived for i in plan.instances for c in i.template.nodes):
+        console.print("* derived shape: not sold in that region; priced per GPU from the nearest larger shape sold there")

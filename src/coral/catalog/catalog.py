@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from coral.catalog.hardware import GpuType, NodeConfig, split_config_name
+from coral.catalog.hardware import GpuType, LinkFit, NodeConfig, split_config_name
 from coral.errors import CoralError, unknown
 
 # Network of a VM whose bandwidth the catalog does not know (GCP N1 hosts of T4/V100):
@@ -26,6 +27,7 @@ class Offer:
     price_usd_per_h: float
     spot_usd_per_h: float | None = None
     network_gbps: float = DEFAULT_NETWORK_GBPS
+    suspect: str = ""  # the data's `[SUSPECT ...]` note on the row this price comes from; "" when none
 
     def __post_init__(self) -> None:
         if not self.price_usd_per_h >= 0 or self.price_usd_per_h == float("inf"):
@@ -103,7 +105,8 @@ def _float(row: Mapping[str, str], key: str, where: str, required: bool = True) 
 
 
 def load_gpus_csv(text: str, where: str = "gpus.csv") -> tuple[dict[str, GpuType], dict[str, str]]:
-    """Parse our GPU table (`name,memory_gib,hbm_gb_per_s,bf16_tflops,fp8_tflops,intra_node_gb_per_s,aliases`)."""
+    """Parse our GPU table (`name,memory_gib,hbm_gb_per_s,bf16_tflops,fp8_tflops,intra_node_gb_per_s,
+    [interconnect,]aliases`); `interconnect` names the GPU's row group in interconnects.csv (default pcie)."""
     gpus: dict[str, GpuType] = {}
     aliases: dict[str, str] = {}
     for i, row in enumerate(_read_csv(text), start=2):
@@ -116,6 +119,7 @@ def load_gpus_csv(text: str, where: str = "gpus.csv") -> tuple[dict[str, GpuType
                 bf16_tflops=_float(row, "bf16_tflops", at) or 0.0,
                 fp8_tflops=_float(row, "fp8_tflops", at, required=False),
                 intra_node_gb_per_s=_float(row, "intra_node_gb_per_s", at) or 0.0,
+                interconnect=(row.get("interconnect") or "").strip() or "pcie",
             )
         except (KeyError, ValueError) as exc:
             raise CoralError(f"{at}: {exc}") from None
@@ -151,6 +155,7 @@ def parse_offers(rows: Iterable[Mapping[str, str]], gpus: Mapping[str, GpuType],
             price_usd_per_h=_float(row, "price_per_hour", at) or 0.0,
             spot_usd_per_h=_float(row, "spot_price_per_hour", at, required=False),
             network_gbps=_float(row, "network_gbps", at, required=False) or DEFAULT_NETWORK_GBPS,
+            suspect=(row.get("suspect") or "").strip(),
         )
         key = (region, config)
         if key not in best or offer.price_usd_per_h < best[key][0].price_usd_per_h:
@@ -216,6 +221,42 @@ def load_skypilot_vms_csv(path: str | Path, catalog: Catalog, cloud: str | None 
             "price_per_hour": row["Price"], "spot_price_per_hour": row.get("SpotPrice", ""),
         })
     return build_catalog(catalog.gpus, catalog.aliases, parse_offers(converted, catalog.gpus, catalog.aliases, str(p)))
+
+
+def load_interconnects_csv(text: str, where: str = "interconnects.csv") -> dict[tuple[str, int], LinkFit]:
+    """Parse the all-reduce fits (`interconnect,gpus,floor_us,latency_us,bus_gb_per_s,size_exponent,source`).
+
+    Raises:
+        CoralError: naming the row and column of a missing or bad value, or a repeated (interconnect, gpus).
+    """
+    out: dict[tuple[str, int], LinkFit] = {}
+    for i, row in enumerate(_read_csv(text), start=2):
+        at = f"{where} row {i}"
+        try:
+            gpus = int((row.get("gpus") or "").strip())
+        except ValueError:
+            raise CoralError(f"{at}: column 'gpus' is {row.get('gpus')!r}, not an integer") from None
+        name = (row.get("interconnect") or "").strip()
+        if not name:
+            raise CoralError(f"{at}: column 'interconnect' is empty")
+        if (name, gpus) in out:
+            raise CoralError(f"{at}: {name} x{gpus} is listed twice")
+        try:
+            out[(name, gpus)] = LinkFit(
+                interconnect=name, gpus=gpus, floor_s=(_float(row, "floor_us", at) or 0.0) * 1e-6,
+                latency_s=(_float(row, "latency_us", at) or 0.0) * 1e-6, bus_gb_per_s=_float(row, "bus_gb_per_s", at) or 0.0,
+                size_exponent=_float(row, "size_exponent", at, required=False) or 1.0,
+                source=(row.get("source") or "").strip())
+        except ValueError as exc:
+            raise CoralError(f"{at}: {exc}") from None
+    return out
+
+
+@functools.cache
+def builtin_links() -> dict[tuple[str, int], LinkFit]:
+    """The shipped all-reduce fits per (interconnect, GPUs per node); see docs/perf.md for their provenance."""
+    data = resources.files("coral.catalog").joinpath("data")
+    return load_interconnects_csv(data.joinpath("interconnects.csv").read_text())
 
 
 def builtin_catalog() -> Catalog:

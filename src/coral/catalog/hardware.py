@@ -18,7 +18,8 @@ class GpuType:
     hbm_gb_per_s: float
     bf16_tflops: float
     fp8_tflops: float | None = None
-    intra_node_gb_per_s: float
+    intra_node_gb_per_s: float  # nominal (datasheet) link figure; the TP model uses the measured `interconnect`
+    interconnect: str = "pcie"  # key into the catalog's interconnects.csv (measured all-reduce fits)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -58,6 +59,47 @@ class NodeConfig:
     @property
     def network_bytes_per_s(self) -> float:
         return self.network_gbps * 1e9 / 8
+
+
+# All-reduce sizes are referenced to 32 MiB: Llama-70B's activations of a 2,048-token prefill.
+LINK_REF_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkFit:
+    """Measured all-reduce cost on `gpus` GPUs of one node joined by `interconnect`.
+
+    `t(s) = max(floor_s, latency_s + 2(n-1)/n · R/bus · (s/R)^size_exponent)` with `R` = 32 MiB:
+    a ring all-reduce whose bus bandwidth (at `R`) and growth with message size are fitted to
+    measurements (NCCL reaches more of the link on larger messages), above a latency floor.
+    """
+
+    interconnect: str
+    gpus: int
+    floor_s: float
+    latency_s: float
+    bus_gb_per_s: float
+    size_exponent: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpus < 2:
+            raise ValueError(f"link {self.interconnect}: gpus must be >= 2, got {self.gpus}")
+        if not (self.floor_s >= 0 and self.latency_s >= 0):
+            raise ValueError(f"link {self.interconnect} x{self.gpus}: floor_s and latency_s must be >= 0")
+        if not self.bus_gb_per_s > 0:
+            raise ValueError(f"link {self.interconnect} x{self.gpus}: bus_gb_per_s must be > 0")
+        if not 0.2 <= self.size_exponent <= 2.0:
+            raise ValueError(f"link {self.interconnect} x{self.gpus}: size_exponent must be in [0.2, 2], "
+                             f"got {self.size_exponent}")
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Seconds for one all-reduce of `nbytes` (per GPU) over the node's `gpus` GPUs."""
+        if nbytes <= 0:
+            return 0.0
+        ring = 2.0 * (self.gpus - 1) / self.gpus
+        t = self.latency_s + ring * LINK_REF_BYTES / (self.bus_gb_per_s * 1e9) * (nbytes / LINK_REF_BYTES) ** self.size_exponent
+        return max(self.floor_s, t)
 
 
 def split_config_name(name: str) -> tuple[int, str]:

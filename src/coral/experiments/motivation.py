@@ -73,6 +73,7 @@ def motivation(*, scenario: str = "extended", model: str = "qwen3-235b-a22b", ph
         "best_homogeneous_h100": {k: {**template_to_dict(v[2]), "cost_usd_per_h": v[1], "tok_per_s_per_usd": v[0]}
                                   for k, v in sorted(h100.items())},
         "paper": PAPER_FIG1A,
+        "derived": sorted(c for r, c in s.derived if r == region),  # shapes the region does not sell
         "spectrum": {"homogeneous": sorted(r[2].throughput_tok_per_s for r in homo),
                      "heterogeneous": sorted(r[2].throughput_tok_per_s for r in hetero)},
     }

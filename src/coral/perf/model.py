@@ -54,7 +54,6 @@ class SystemParams:
 
     memory_utilization: float = 0.9  # `u`: share of GPU memory usable for weights + KV
     network_latency_s: float = 2e-4  # one inter-stage hop inside a region (TCP/RDMA setup, framing)
-    allreduce_latency_s: float = 2e-5  # fixed cost of one intra-node all-reduce
     sampling_s: float = 5e-5  # sampling on the last stage, per micro-batch
     activation_bytes: float = 2.0  # bf16 activations between stages
 

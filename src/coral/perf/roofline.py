@@ -1,11 +1,13 @@
 """Analytical roofline backend of the performance model (DESIGN §2, default)."""
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from coral.catalog.hardware import NodeConfig
+from coral.catalog.catalog import builtin_links
+from coral.catalog.hardware import LinkFit, NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.perf.model import PerfModel, Phase, Shape, SystemParams
 
@@ -29,16 +31,16 @@ class Efficiency:
 
 
 # Fitted by `coral calibrate` (coral.perf.calibrate): A100-40GB, V100, L4 and T4 to Helix's
-# measured per-layer latencies of LLaMA-2-70B (and their multi-GPU nodes); A100-80GB and H100 to
-# Vidur's per-operator GEMM timings (a layer's four projections, 1-8-way TP; Vidur has no
-# attention or launch figures, so their decode efficiency equals the GEMM fit and their overhead
-# is the Helix median). See docs/perf.md. Other GPUs use DEFAULT_EFFICIENCY, the median of the
-# Helix fits.
+# measured per-layer latencies of LLaMA-2-70B on one GPU (their multi-GPU nodes fit the PCIe
+# link in interconnects.csv instead); A100-80GB and H100 to Vidur's per-operator GEMM timings
+# (a layer's four projections, 1-8-way TP; Vidur has no attention or launch figures, so their
+# decode efficiency equals the GEMM fit and their overhead is the Helix median). See
+# docs/perf.md. Other GPUs use DEFAULT_EFFICIENCY, the median of the Helix fits.
 FITTED_EFFICIENCY: dict[str, Efficiency] = {
-    "A100-40GB": Efficiency(flops=0.832, decode_flops=0.403, bandwidth=0.798, layer_overhead_s=2.0e-4),
-    "L4": Efficiency(flops=0.351, decode_flops=0.400, bandwidth=0.623, layer_overhead_s=0.0),
-    "T4": Efficiency(flops=0.341, decode_flops=0.223, bandwidth=0.594, layer_overhead_s=2.0e-4),
-    "V100-16GB": Efficiency(flops=0.755, decode_flops=0.486, bandwidth=0.552, layer_overhead_s=0.0),
+    "A100-40GB": Efficiency(flops=0.843, decode_flops=0.406, bandwidth=0.800, layer_overhead_s=2.0e-4),
+    "L4": Efficiency(flops=0.423, decode_flops=0.236, bandwidth=0.784, layer_overhead_s=2.0e-4),
+    "T4": Efficiency(flops=0.426, decode_flops=0.276, bandwidth=0.650, layer_overhead_s=2.0e-4),
+    "V100-16GB": Efficiency(flops=0.764, decode_flops=0.490, bandwidth=0.553, layer_overhead_s=0.0),
 }
 
 
@@ -52,21 +54,31 @@ def median_efficiency(effs: list[Efficiency]) -> Efficiency:
 
 DEFAULT_EFFICIENCY = median_efficiency(list(FITTED_EFFICIENCY.values()))
 FITTED_EFFICIENCY.update({
-    "A100-80GB": Efficiency(flops=0.690, decode_flops=0.690, bandwidth=0.552, layer_overhead_s=1.0e-4),
-    "H100": Efficiency(flops=0.609, decode_flops=0.609, bandwidth=0.537, layer_overhead_s=1.0e-4),
+    "A100-80GB": Efficiency(flops=0.690, decode_flops=0.690, bandwidth=0.552, layer_overhead_s=DEFAULT_EFFICIENCY.layer_overhead_s),
+    "H100": Efficiency(flops=0.609, decode_flops=0.609, bandwidth=0.537, layer_overhead_s=DEFAULT_EFFICIENCY.layer_overhead_s),
 })
 
 
 class RooflinePerf(PerfModel):
-    """`t = max(FLOPs / (n·F·η_F), bytes / (n·BW·η_B)) + t_TP + t_launch` per layer."""
+    """`t = max(FLOPs / (n·F·η_F), bytes / (BW·η_B)) + t_elem + t_TP + t_launch` per layer.
 
-    version = "roofline-1"
+    Tensor parallelism over a node's `n` GPUs shards the weights, the KV cache and the math;
+    each GPU still reads and writes the full activations around its GEMMs and runs the norms
+    and residual adds on every token (Megatron-style TP replicates them), and two all-reduces
+    per layer move the activations over the node's measured interconnect (`LinkFit`).
+    """
+
+    version = "roofline-2"
 
     def __init__(self, efficiency: Mapping[str, Efficiency] | None = None, default: Efficiency | None = None,
-                 system: SystemParams | None = None) -> None:
+                 system: SystemParams | None = None, links: Mapping[tuple[str, int], LinkFit] | None = None) -> None:
         super().__init__(system)
         self.efficiency = dict(FITTED_EFFICIENCY if efficiency is None else efficiency)
         self.default = default or DEFAULT_EFFICIENCY
+        self.links = dict(builtin_links() if links is None else links)
+        # The links time every TP node, so they are part of the version caches are keyed by.
+        digest = hashlib.sha256(repr(sorted((k, asdict(v)) for k, v in self.links.items())).encode()).hexdigest()[:8]
+        self.version = f"{RooflinePerf.version}+links-{digest}"
 
     def eff(self, config: NodeConfig) -> Efficiency:
         return self.efficiency.get(config.gpu.name, self.default)
@@ -77,6 +89,14 @@ class RooflinePerf(PerfModel):
     def _eta_b(self, config: NodeConfig) -> float:
         return self.eff(config).bandwidth
 
+    def link(self, config: NodeConfig) -> LinkFit | None:
+        """The all-reduce fit of the node's interconnect at its GPU count; the nearest fitted count
+        (ties: the larger) when that count has none; None when the interconnect has no fit at all."""
+        fits = [f for (ic, _), f in self.links.items() if ic == config.gpu.interconnect]
+        if not fits:
+            return None
+        return min(fits, key=lambda f: (abs(f.gpus - config.count), -f.gpus))
+
     def layer_flops_bytes(self, model: ModelSpec, shape: Shape) -> tuple[float, float]:
         """FLOPs and HBM bytes of one layer for one micro-batch (all GPUs of the node together)."""
         hd = model.num_heads * model.head_dim
@@ -84,28 +104,44 @@ class RooflinePerf(PerfModel):
         if shape.phase is Phase.PREFILL:
             n_tok = shape.tokens
             flops = 2.0 * n_tok * model.layer_active_params + 2.0 * shape.batch * hd * model.effective_context_sq(shape.prompt_tokens)
-            act = 4.0 * n_tok * model.hidden_size * self.system.activation_bytes
-            nbytes = model.layer_touched_bytes(n_tok) + n_tok * kv_l + act
+            nbytes = model.layer_touched_bytes(n_tok) + n_tok * kv_l
         else:
             ctx = model.effective_context(shape.mean_context)
             flops = 2.0 * shape.batch * model.layer_active_params + 4.0 * shape.batch * hd * ctx
             nbytes = model.layer_touched_bytes(shape.batch) + shape.batch * ctx * kv_l
         return flops, nbytes
 
+    def replicated_bytes(self, model: ModelSpec, shape: Shape) -> tuple[float, float]:
+        """HBM bytes every GPU of a TP node moves whatever `n` is: (GEMM activations, elementwise ops).
+
+        Prefill GEMMs read and write the full `tokens × h` activations on each GPU (QKV and up
+        read the full input, o_proj and down write full partial sums): 4 passes, hidden under
+        the math when compute-bound. The two RMS norms (read + write) and the fused residual add
+        (two reads, one write) are separate memory-bound kernels on all tokens: 7 passes.
+        """
+        pass_bytes = shape.tokens * model.hidden_size * self.system.activation_bytes
+        gemm = 4.0 * pass_bytes if shape.phase is Phase.PREFILL else 0.0
+        return gemm, 7.0 * pass_bytes
+
     def tp_time_s(self, config: NodeConfig, model: ModelSpec, shape: Shape) -> float:
-        """Two all-reduces per layer over the node's GPUs (ring: `2(n-1)/n` of the data each)."""
+        """Two all-reduces per layer of the micro-batch's activations over the node's GPUs, timed
+        by the interconnect's measured fit (a nominal-bandwidth ring where there is none)."""
         n = config.count
         if n == 1:
             return 0.0
         nbytes = shape.tokens * model.hidden_size * self.system.activation_bytes
-        per = 2.0 * (n - 1) / n * nbytes / (config.gpu.intra_node_gb_per_s * 1e9) + self.system.allreduce_latency_s
-        return 2.0 * per
+        fit = self.link(config)
+        if fit is None:
+            return 2.0 * (2.0 * (n - 1) / n * nbytes / (config.gpu.intra_node_gb_per_s * 1e9))
+        return 2.0 * fit.allreduce_s(nbytes)
 
     def layer_time_s(self, config: NodeConfig, model: ModelSpec, shape: Shape) -> float:
         flops, nbytes = self.layer_flops_bytes(model, shape)
+        gemm_act, elementwise = self.replicated_bytes(model, shape)
         e = self.eff(config)
         n = config.count
+        bw = config.gpu.hbm_gb_per_s * 1e9 * e.bandwidth
         eta_f = e.decode_flops if shape.phase is Phase.DECODE and e.decode_flops else e.flops
         t_compute = flops / (n * config.gpu.bf16_tflops * 1e12 * eta_f)
-        t_memory = nbytes / (n * config.gpu.hbm_gb_per_s * 1e9 * e.bandwidth)
-        return max(t_compute, t_memory) + self.tp_time_s(config, model, shape) + e.layer_overhead_s
+        t_memory = (nbytes / n + gemm_act) / bw
+        return max(t_compute, t_memory) + elementwise / bw + self.tp_time_s(config, model, shape) + e.layer_overhead_s

@@ -69,6 +69,18 @@ class Scenario:
     catalog: Catalog = field(repr=False)
     source: ScenarioFile = field(repr=False)
     base_dir: Path | None = None  # relative paths in the scenario file (CSV traces) resolve here
+    # (region, config) offers the region does not sell, priced by `derive_missing_prices`
+    derived: frozenset[tuple[str, str]] = frozenset()
+    # (region, config) -> the [SUSPECT ...] note of the catalog row its price comes from
+    suspect: Mapping[tuple[str, str], str] = field(default_factory=dict)
+
+    def is_derived(self, region: str, config: str) -> bool:
+        return (region, config) in self.derived
+
+    def warnings(self) -> list[str]:
+        """One line per rentable offer (available > 0) priced from a row the data tags `[SUSPECT ...]`."""
+        return [f"{r} {c} is priced from a suspect catalog row ({self.prices[(r, c)]:.2f} $/h): {note}"
+                for (r, c), note in sorted(self.suspect.items()) if self.availability.get((r, c), 0) > 0]
 
     def model(self, name: str) -> ServedModel:
         for m in self.models:
@@ -144,14 +156,23 @@ def _model_spec(entry: ModelEntry, base: Path | None) -> ModelSpec:
     raise unknown("model", spec, builtin_model_names())
 
 
-def _derived_price(catalog: Catalog, region: str, config: NodeConfig) -> float | None:
-    """Per-GPU price of the nearest sold shape of the same GPU in the region, times the GPU count."""
-    sold = []
+def _derived_price(catalog: Catalog, region: str, config: NodeConfig) -> tuple[float, str] | None:
+    """Price of a shape `region` does not sell: the per-GPU price of the nearest *larger* shape of
+    the same GPU sold there, times the GPU count (renting that node and splitting it into smaller
+    replicas costs at least this). None when the region sells no larger shape of that GPU.
+
+    Returns:
+        (price $/h, the [SUSPECT] note of the row it comes from or "").
+    """
+    larger = []
     for (r, c), offer in catalog.offers.items():
         cfg = catalog.configs[c]
-        if r == region and cfg.gpu.name == config.gpu.name:
-            sold.append((abs(cfg.count - config.count), -cfg.count, offer.price_usd_per_h / cfg.count))
-    return min(sold)[2] * config.count if sold else None
+        if r == region and cfg.gpu.name == config.gpu.name and cfg.count > config.count:
+            larger.append((cfg.count, offer.price_usd_per_h / cfg.count, offer.suspect))
+    if not larger:
+        return None
+    _, per_gpu, note = min(larger)
+    return per_gpu * config.count, note
 
 
 def _perf_model(file: ScenarioFile, catalog: Catalog, base: Path | None) -> PerfModel:
@@ -187,6 +208,8 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
     regions = tuple(catalog.check_region(r.name) for r in file.regions)
     prices: dict[tuple[str, str], float] = {}
     availability: dict[tuple[str, str], int] = {}
+    derived: set[tuple[str, str]] = set()
+    suspect: dict[tuple[str, str], str] = {}
     for region in file.regions:
         for key in [*region.prices, *region.availability]:
             if key not in names:
@@ -194,11 +217,20 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
                                  f"which is not in configs ({', '.join(names)})")
         for cfg in configs:
             price = region.prices.get(cfg.name)
-            if price is None:
-                offer = catalog.offers.get((region.name, cfg.name))
-                price = offer.price_usd_per_h if offer else None
-            if price is None and file.derive_missing_prices:
-                price = _derived_price(catalog, region.name, cfg)
+            offer = catalog.offers.get((region.name, cfg.name))
+            if price is None and offer is not None:
+                price = offer.price_usd_per_h
+                if offer.suspect:
+                    suspect[(region.name, cfg.name)] = offer.suspect
+            if offer is None and file.derive_missing_prices:
+                # a shape the region does not sell: marked derived, even where `prices` sets its price
+                found = _derived_price(catalog, region.name, cfg)
+                if price is None and found is not None:
+                    price = found[0]
+                    if found[1]:
+                        suspect[(region.name, cfg.name)] = found[1]
+                if price is not None:
+                    derived.add((region.name, cfg.name))
             if price is None:
                 continue  # not sold there
             prices[(region.name, cfg.name)] = price
@@ -219,7 +251,7 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
     return Scenario(name=file.name, description=file.description, models=tuple(models), configs=configs,
                     regions=regions, prices=prices, availability=availability,
                     perf=_perf_model(file, catalog, base), planner=file.planner, catalog=catalog, source=file,
-                    base_dir=base)
+                    base_dir=base, derived=frozenset(derived), suspect=suspect)
 
 
 def load_scenario(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:

@@ -129,8 +129,9 @@ class ScenarioFile(_Strict):
         "models[].slo_attainment."))
     default_availability: int = Field(64, ge=0, description="Nodes available per (region, configuration) unless listed.")
     derive_missing_prices: bool = Field(False, description=(
-        "Price a configuration a region does not sell (e.g. AWS has no 2-GPU L40S) at the per-GPU price of the "
-        "nearest shape of the same GPU sold there. Off: such configurations are unavailable in that region."))
+        "Opt in to derived shapes: offer a configuration a region does not sell (e.g. AWS has no 2-GPU L40S), "
+        "priced at the per-GPU price of the nearest larger shape of the same GPU sold there (none larger: not "
+        "offered) and marked derived in every output. Off (default): a region offers only the shapes it sells."))
     prices_csv: str | None = Field(None, description="Replace the built-in prices with this CSV (our format or SkyPilot vms.csv).")
     perf: PerfEntry = Field(default_factory=lambda: PerfEntry(), description="Performance model.")
     planner: PlannerEntry = Field(default_factory=lambda: PlannerEntry(), description="Planner knobs.")

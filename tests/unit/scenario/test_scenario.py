@@ -12,8 +12,9 @@ def test_builtins_resolve():
     core = load_scenario("core")
     assert [m.name for m in core.models] == ["qwen3-32b", "gpt-oss-20b", "phi-4"]
     assert len(core.configs) == 12 and core.regions == ("aws:us-east-2", "aws:ap-northeast-2")
-    # 2xL40S is not sold on AWS: priced per GPU from the 1xL40S offer (1.861 $/h)
-    assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 1.861)
+    # 2xL40S is not sold on AWS: priced per GPU from the nearest larger shape, 4xL40S (10.49264 $/h)
+    assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 10.49264 / 4)
+    assert core.is_derived("aws:us-east-2", "2xL40S") and not core.is_derived("aws:us-east-2", "4xL40S")
     ext = load_scenario("extended")
     assert len(ext.models) == 6 and len(ext.configs) == 20 and len(ext.regions) == 3
 
