@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import click
 
@@ -26,17 +28,16 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     from coral.runtime.provisioner import Deployment, LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cluster = load_cluster(config_path)
-        planner = None
-        if cluster.planner == "allocator":
-            from coral.runtime.planner import AllocatorPlanner
+    # a CoralError (a missing or malformed cluster file, a cluster that does not start) reaches the
+    # `coral` group, which prints it as one line with exit code 2
+    cluster = load_cluster(config_path)
+    planner = None
+    if cluster.planner == "allocator":
+        from coral.runtime.planner import AllocatorPlanner
 
-            planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-        dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
-        dep.start(timeout_s=startup_timeout)
-    except CoralError as e:
-        raise click.ClickException(str(e)) from None
+        planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
+    dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
+    dep.start(timeout_s=startup_timeout)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -62,9 +63,26 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     click.echo("coral serve: stopped")
 
 
+def default_keys_dir() -> Path:
+    """Where `coral keys` writes by default: outside any source checkout, private to the user
+    (`$XDG_CONFIG_HOME/coral/keys`, else `~/.config/coral/keys`)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "coral" / "keys"
+
+
+def _git_checkout_of(folder: Path) -> Path | None:
+    """The git work tree holding `folder`, if any (a secret key there is one `git add .` from leaking)."""
+    for p in (folder.resolve(), *folder.resolve().parents):
+        if (p / ".git").exists():
+            return p
+    return None
+
+
 @click.command("keys")
-@click.option("--dir", "folder", required=True, type=click.Path(file_okay=False), help="Folder for cluster.key and cluster.key_secret (created, mode 0700).")
-def keys(folder: str) -> None:
+@click.option("--dir", "folder", default=None, type=click.Path(file_okay=False),
+              help="Folder for cluster.key and cluster.key_secret (created, mode 0700). "
+                   "Default: $XDG_CONFIG_HOME/coral/keys or ~/.config/coral/keys, outside any checkout.")
+def keys(folder: str | None) -> None:
     """Create the cluster's CurveZMQ keypair; point `coordinator.curve_keys_dir` of the cluster file at the folder.
 
     Every process of the cluster reads the same keypair: traffic between them is encrypted,
@@ -73,11 +91,15 @@ def keys(folder: str) -> None:
     """
     from coral.runtime.transport import generate_keys
 
-    try:
-        public, secret = generate_keys(folder)
-    except CoralError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {folder}")
+    path = Path(folder) if folder else default_keys_dir()
+    if path.exists() and not path.is_dir():
+        raise CoralError(f"--dir {path}: is a file; give a folder for the keypair")
+    public, secret = generate_keys(path)  # a CoralError (a keypair already there) exits 2
+    click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {path}")
+    checkout = _git_checkout_of(path)
+    if checkout is not None:
+        click.echo(f"warning: {path} is inside the git checkout {checkout}; keep it out of commits "
+                   "(Coral's .gitignore ignores keys/)", err=True)
 
 
 if __name__ == "__main__":
