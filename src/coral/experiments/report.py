@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,38 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
             raise ValueError(f"table row has {len(r)} cells for {len(header)} columns: {list(r)!r}")
         lines.append("| " + " | ".join(cell(c) for c in r) + " |")
     return "\n".join(lines)
+
+
+_SEPARATOR = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+
+
+def _cells(line: str) -> int:
+    """Cells of a Markdown table row: unescaped `|` split it (inside code spans too, as GFM does)."""
+    body = line.strip()
+    bars = len(re.findall(r"(?<!\\)\|", body))
+    return bars - body.startswith("|") - (body.endswith("|") and not body.endswith("\\|")) + 1
+
+
+def table_problems(markdown: str) -> list[str]:
+    """Every row of every Markdown table in `markdown` whose cell count differs from its header's
+    (a raw `|` in a cell shifts the rest of the row into columns that do not exist)."""
+    problems = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines) - 1:
+        if lines[i].lstrip().startswith("|") and _SEPARATOR.match(lines[i + 1].strip()):
+            want = _cells(lines[i])
+            if _cells(lines[i + 1]) != want:
+                problems.append(f"line {i + 2}: separator has {_cells(lines[i + 1])} cells, header {want}")
+            j = i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                if _cells(lines[j]) != want:
+                    problems.append(f"line {j + 1}: {_cells(lines[j])} cells under a {want}-column header: {lines[j]}")
+                j += 1
+            i = j
+        else:
+            i += 1
+    return problems
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -406,10 +439,33 @@ def _attainments(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, f
     return out
 
 
+def _worst_coral_model(name: str, result: Mapping[str, Any]) -> str | None:
+    """Coral's model furthest from its SLOs over every case: the one number (a TTFT p50 of
+    minutes, say) a reader otherwise stumbles on unexplained."""
+    studies = result["experiments"].items() if name == "all" else [(name, result)]
+    ranked = []
+    for study, r in studies:
+        for case, methods in r.get("cases", {}).items():
+            for model, pm in methods.get("coral", {}).get("per_model", {}).items():
+                if pm.get("slo_attainment") is not None:
+                    ranked.append((pm["slo_attainment"], f"{study} / {case}", model, pm.get("ttft_p50_s")))
+    if not ranked:
+        return None
+    att, case, model, ttft = min(ranked, key=lambda x: x[0])
+    return (f"Coral's model furthest from its SLOs: {model} in {case}, {_pct(att)} of its requests within them"
+            + (f" (TTFT p50 {ttft:,.1f} s)." if ttft is not None else "."))
+
+
 def how_to_read(name: str, result: Mapping[str, Any], out_dir: Path) -> str:
     """The report's opening: what the numbers mean, whether the plans did their job, and where the
     comparison with the paper is discussed."""
     rows = _attainments(name, result)
+    if not rows:  # §6.8 alone: libraries only, nothing simulated
+        return ("**How to read this report.** This study builds template libraries over a grid of `n_max` "
+                "(most nodes per template) and `rho` (most GPU memory per template, as a multiple of the "
+                "weights) and plans on each; no traffic is simulated, so there is no SLO attainment here. "
+                "The paper's figures come from its own testbed and catalog; " + _results_link(out_dir)
+                + " sets our numbers next to them.")
     parts = ["**How to read this report.** Every method plans the same models on the same catalog and "
              "serves the same traffic in the simulator, re-planning every epoch. *SLO attainment* is the share "
              "of requests that met both their TTFT and their TPOT SLO; a plan does its job when it is near "
@@ -421,6 +477,9 @@ def how_to_read(name: str, result: Mapping[str, Any], out_dir: Path) -> str:
         for case, m, att, _ in rows:
             by_case.setdefault(case, []).append(f"{m} {_pct(att)}")
         parts.append("SLO attainment here: " + "; ".join(f"{case}: {', '.join(v)}" for case, v in by_case.items()) + ".")
+        worst = _worst_coral_model(name, result)
+        if worst:
+            parts.append(worst)
         short = [(case, m, att, goal) for case, m, att, goal in rows if att is not None and att < goal]
         if any(m == "coral" for _, m, _, _ in short):
             parts.append(f"**Coral's plans fall short of the {ATTAINMENT_GOAL:.0%} goal**, so the costs below compare "
