@@ -645,8 +645,9 @@ _method_opt = click.option("--method", type=click.Choice(["coral", "homo", "cauc
                            show_default=True, help="Allocation method (the baselines use the same templates and catalog).")
 _avail_opt = click.option("--availability", type=click.Choice(["abundant", "tight"]), default="abundant", show_default=True,
                           help="abundant: the scenario's availability. tight: only the (region, config) pairs Coral's "
-                               "own abundant plan rents, each capped at that count + 25 % (core; extended + 75 %), "
-                               "every other pair 0; it binds only where a method needs other shapes or more nodes.")
+                               "own abundant plan rents, each capped at that count + 25 % (75 % for extended), every "
+                               "other pair 0. Coral's plan at the same demand always fits it, so `coral plan` is "
+                               "unchanged; it limits the baselines and the simulator's re-plans.")
 _scale_opt = click.option("--demand-scale", type=float, default=1.0, show_default=True, help="Multiply every model's rate.")
 _jobs_opt = click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Processes for a library build.")
 _cache_opt = click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Template cache folder.")

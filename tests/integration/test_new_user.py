@@ -173,7 +173,8 @@ def test_availability_help_is_plain_and_says_what_tight_does():
         text = " ".join(run(cmd, "--help").output.split())
         assert "%%" not in text
         assert "only the (region, config) pairs Coral's own abundant plan rents" in text
-        assert "+ 25 % (core; extended + 75 %)" in text
+        assert "+ 25 % (75 % for extended)" in text
+        assert "Coral's plan at the same demand always fits it, so `coral plan` is unchanged" in text
 
 
 def test_exit_codes_are_documented():
@@ -193,6 +194,15 @@ def test_serve_with_a_missing_config_exits_2(tmp_path: Path):
     r = run("serve", "--config", str(tmp_path / "missing.yaml"))
     clean_error(r, 2, "not found")
     assert [] == listing(tmp_path)
+
+
+def test_serve_refuses_a_ready_file_it_cannot_write_before_starting(tmp_path: Path):
+    _needs_runtime()
+    (tmp_path / "afile").write_text("")
+    cfg = REPO / "examples" / "cluster-tiny.yaml"
+    r = run("serve", "--config", str(cfg), "--ready-file", str(tmp_path / "afile" / "url"))
+    clean_error(r, 2, "--ready-file", "afile is a file, not a folder")
+    assert "coral serve:" not in r.output  # nothing was started
 
 
 def test_keys_default_outside_the_checkout(tmp_path: Path):

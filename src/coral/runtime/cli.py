@@ -30,6 +30,10 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # a CoralError (a missing or malformed cluster file, a cluster that does not start) reaches the
     # `coral` group, which prints it as one line with exit code 2
+    if ready_file:  # refused before any process starts, not after
+        from coral.cli_support import check_output_path
+
+        check_output_path(ready_file, "--ready-file", folder=False)
     cluster = load_cluster(config_path)
     planner = None
     if cluster.planner == "allocator":
@@ -44,8 +48,9 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     models = ", ".join(m.name for m in cluster.models)
     click.echo(f"coral serve: {len(cluster.instances)} instances of {models} at {dep.url} (Ctrl-C to stop)")
     if ready_file:
-        with open(ready_file, "w") as f:
-            f.write(dep.url + "\n")
+        from coral.atomic import write_text
+
+        write_text(ready_file, dep.url + "\n")  # whole or not at all: a script polls for it
     reported: set[str] = set()
     try:
         while not stop.wait(0.5):
