@@ -38,6 +38,14 @@ EXIT_USAGE = 2  # bad input: a one-line error naming the field, nothing written
 EXIT_INFEASIBLE = 4  # the input is valid but no plan serves any of the demand; nothing written
 
 
+class UserError(click.ClickException):
+    """A CoralError raised out of a command that may run outside the `coral` group (`coral serve`
+    as `python -m coral.runtime.cli`, a test invoking the command itself): click prints it as one
+    line, `Error: ...`, with the same exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
 def _os_error_line(exc: OSError) -> str:
     """`FileExistsError: [Errno 17] File exists: 'a'` as a sentence naming the path."""
     path = exc.filename

@@ -308,3 +308,16 @@ def test_readme_names_both_demos_and_calls_tables_tables():
     assert "a one-minute tour" in text
     assert "diagram" not in text
     assert "coral keys --dir keys/" not in text
+
+
+def test_runtime_commands_exit_2_outside_the_coral_group_too(tmp_path: Path):
+    # `python -m coral.runtime.cli` and tests invoke these commands without the `coral` group
+    _needs_runtime()
+    from coral.runtime.cli import keys, serve
+
+    r = CliRunner().invoke(serve, ["--config", str(tmp_path / "missing.yaml")])
+    clean_error(r, 2, "not found")
+    assert CliRunner().invoke(keys, ["--dir", str(tmp_path / "k")]).exit_code == 0
+    r = CliRunner().invoke(keys, ["--dir", str(tmp_path / "k")])
+    clean_error(r, 2, "already holds a Curve keypair")
+    assert 1 == len(r.output.strip().splitlines())

@@ -485,7 +485,7 @@ def how_to_read(name: str, result: Mapping[str, Any], out_dir: Path) -> str:
             parts.append(f"**Coral's plans fall short of the {ATTAINMENT_GOAL:.0%} goal**, so the costs below compare "
                          "plans that do not serve their traffic within the SLOs: read a cost ratio as the price of "
                          "the capacity each method chose, not as the price of meeting the SLOs. The measured "
-                         "causes are in \"Why our SLO attainment is low\" of " + _results_link(out_dir) + ".")
+                         "causes are in " + _results_link(out_dir) + ".")
     parts.append("The paper's figures (\"paper: …\") come from its own testbed, catalog and SLOs; "
                  + _results_link(out_dir) + " sets our numbers next to them and says why they differ.")
     return "\n\n".join(parts)

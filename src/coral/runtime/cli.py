@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from coral.cli_support import UserError, check_output_path
 from coral.errors import CoralError
 
 __all__ = ["keys", "serve"]
@@ -28,20 +29,19 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     from coral.runtime.provisioner import Deployment, LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    # a CoralError (a missing or malformed cluster file, a cluster that does not start) reaches the
-    # `coral` group, which prints it as one line with exit code 2
-    if ready_file:  # refused before any process starts, not after
-        from coral.cli_support import check_output_path
+    try:  # a missing or malformed cluster file, a cluster that does not start: one line, exit 2
+        if ready_file:  # refused before any process starts, not after
+            check_output_path(ready_file, "--ready-file", folder=False)
+        cluster = load_cluster(config_path)
+        planner = None
+        if cluster.planner == "allocator":
+            from coral.runtime.planner import AllocatorPlanner
 
-        check_output_path(ready_file, "--ready-file", folder=False)
-    cluster = load_cluster(config_path)
-    planner = None
-    if cluster.planner == "allocator":
-        from coral.runtime.planner import AllocatorPlanner
-
-        planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-    dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
-    dep.start(timeout_s=startup_timeout)
+            planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
+        dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
+        dep.start(timeout_s=startup_timeout)
+    except CoralError as e:
+        raise UserError(str(e)) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -98,8 +98,11 @@ def keys(folder: str | None) -> None:
 
     path = Path(folder) if folder else default_keys_dir()
     if path.exists() and not path.is_dir():
-        raise CoralError(f"--dir {path}: is a file; give a folder for the keypair")
-    public, secret = generate_keys(path)  # a CoralError (a keypair already there) exits 2
+        raise UserError(f"--dir {path}: is a file; give a folder for the keypair")
+    try:
+        public, secret = generate_keys(path)
+    except CoralError as e:  # a keypair already there: never overwritten
+        raise UserError(str(e)) from None
     click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {path}")
     checkout = _git_checkout_of(path)
     if checkout is not None:
