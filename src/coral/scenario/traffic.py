@@ -64,7 +64,7 @@ def model_kv_link(scenario: Any, model: str) -> KvLink:
     from coral.perf.model import Phase, Shape
     from coral.templates.budget import latency_budget_ms
 
-    key = (scenario.source.model_dump_json(), str(scenario.base_dir), model, scenario.perf.version)
+    key = (scenario_key(scenario), model)
     hit = _LINKS.get(key)
     if hit is not None:
         return hit
@@ -143,3 +143,12 @@ def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, st
     best = min((scenario.perf.node_time_s(c, served.spec, shape, served.spec.num_layers, first=True, last=True) * 1e3,
                 c.name) for c in model_configs(scenario, model))
     return best[0], best[1], prompt
+
+
+def scenario_key(scenario: Any) -> tuple[Any, ...]:
+    """What a memo of per-scenario figures must be keyed on: every resolved input that changes them
+    (models with their SLOs and workloads, configurations, prices, planner knobs, perf model), not
+    the scenario file alone: scenarios are also built in code."""
+    return (tuple((m.name, m.spec.name, m.slo, m.rate_per_s, m.workload.model_dump_json()) for m in scenario.models),
+            tuple(c.name for c in scenario.configs), tuple(sorted(scenario.prices.items())),
+            scenario.planner.model_dump_json(), str(scenario.base_dir), scenario.perf.version)
