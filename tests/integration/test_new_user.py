@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from coral.allocator.demand import capacity_targets
 from coral.cli import main
+from coral.experiments.pipeline import prepare
 from coral.perf import Phase
 from coral.scenario import load_scenario
 from coral.scenario.starter import STARTER_YAML
@@ -141,7 +142,8 @@ def test_plan_shows_raw_demand_and_capacity_target(tmp_path: Path, cache: Path):
     assert pytest.approx(1000.0) == offered[("phi-4", "prefill")]
     assert pytest.approx(200.0) == offered[("phi-4", "decode")]
     s = load_scenario(str(scen_path))
-    targets = capacity_targets(s)
+    # the plan sizes prefill in instances of its library's best template (the cache the CLI used)
+    targets = capacity_targets(s, library=prepare(s, cache_dir=cache).library)
     for line in data["demand"]:
         # the capacity target is the allocator's own demand figure (the queueing model's), not re-derived here
         target = targets[("phi-4", Phase(line["phase"]))].capacity_tok_per_s

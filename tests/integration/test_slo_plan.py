@@ -137,7 +137,7 @@ def test_attainment_sweep_costs_grow_with_the_target(tmp_path):
 def test_baselines_are_sized_by_the_same_rule(tmp_path):
     s = load_scenario(_write(tmp_path, SMALL))
     setup = prepare(s, cache_dir=tmp_path / "cache")
-    want = {g: t.capacity_tok_per_s for g, t in capacity_targets(s).items()}
+    want = {g: t.capacity_tok_per_s for g, t in capacity_targets(s, library=setup.library).items()}
     for method in ("coral", "homo", "cauchy", "template-greedy"):
         p = allocate(s, setup.library, method=method)
         assert {(d.model, d.phase): d.demand_tok_per_s for d in p.demand} == pytest.approx(want), method

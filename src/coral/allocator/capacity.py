@@ -4,12 +4,13 @@ attainment quantile of waiting plus service fits in the SLO (DESIGN §4a).
 The model replays a sample of the model's traffic (its own arrival times and lengths, so the
 burstiness at the SLO's time scale is the measured one, not an assumption) through a queue:
 
-- **Prefill** is a work-conserving fluid server of rate `C` prompt tokens/s: request `i`
-  waits `W_i` (Lindley's recursion on the work `P_i / C`), then takes the template's latency,
-  which reaches the quantile prompt `P_q` within the budget, so `lat_i = budget · P_i / P_q`.
-  TTFT_i = W_i + lat_i. With the load-aware router (least outstanding work) the instances of a
-  (model, phase) behave close to one pooled server; the fluid model leaves out that one request
-  cannot be split across instances, which the simulator measures (docs/allocator.md).
+- **Prefill** has `c` servers, one per instance of the template the plan is likely to use (the
+  best throughput per $ of the library's group), each of its rate `r`: request `i` waits `W_i` for
+  a whole instance (FCFS, Kiefer–Wolfowitz on `P_i / r`; the least-work router sends it where it
+  clears soonest, which is that discipline), then takes the template's latency, which reaches the
+  quantile prompt `P_q` within the budget, so `lat_i = budget · P_i / P_q`. TTFT_i = W_i + lat_i
+  and `C = c · r`. Without a library, one pooled fluid server of rate `C` (Lindley's recursion),
+  which is exact for one instance and optimistic by up to one service time for several.
 - **Decode** is a multi-server queue: `c` sequence slots, each emitting one token per `cadence`
   (the template's step budget, an upper bound on its step time), sequence `i` holding a slot for
   `(D_i − 1)` steps; it waits `W_i` for a slot (FCFS, Kiefer–Wolfowitz recursion). Its TPOT is
@@ -121,8 +122,15 @@ def _bisect(lo: float, hi: float, ok, rel: float = 0.01) -> float:  # type: igno
 
 
 def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window_s: float, ttft_s: float,
-                     budget_s: float, prompt_q: float, attainment: float, model: str = "") -> CapacityTarget:
+                     budget_s: float, prompt_q: float, attainment: float, model: str = "",
+                     instance_tok_per_s: float | None = None) -> CapacityTarget:
     """The prefill capacity (prompt tokens/s) at which `attainment` of the sample's TTFTs fit `ttft_s`.
+
+    Args:
+        instance_tok_per_s: the throughput of one instance of the template the plan is likely to
+            use. Given, the queue has `c` servers of that rate (a request waits for a whole instance,
+            as it does: it cannot be split) and the capacity is `c` times it; None: one pooled fluid
+            server (exact for one instance, optimistic by up to a service time for several).
 
     Raises:
         CoralError: the target cannot be reached at any capacity (the latency alone misses it).
@@ -136,6 +144,32 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
     if best > ttft_s:
         raise CoralError(f"model {model}: the p{attainment * 100:g} TTFT is {best:.3g} s with no queueing at all, above "
                          f"the {ttft_s:g} s SLO; lower slo_attainment, relax ttft_ms or raise planner.ttft_headroom")
+
+    if instance_tok_per_s is not None and instance_tok_per_s > 0:
+        r = float(instance_tok_per_s)
+        service = p / r
+
+        def ttft_at(servers: int) -> np.ndarray:
+            return fcfs_waits(arrival_s, service, servers) + lat
+
+        lo = max(1, math.ceil(mean / r))
+        if float(np.mean(ttft_at(lo) <= ttft_s)) >= attainment:
+            servers = lo
+        else:
+            hi = lo * 2
+            while float(np.mean(ttft_at(hi) <= ttft_s)) < attainment:
+                lo, hi = hi, hi * 2
+            while hi - lo > 1:  # smallest server count that attains (monotone)
+                mid = (lo + hi) // 2
+                if float(np.mean(ttft_at(mid) <= ttft_s)) >= attainment:
+                    hi = mid
+                else:
+                    lo = mid
+            servers = hi
+        ttft = ttft_at(servers)
+        return CapacityTarget(capacity_tok_per_s=max(mean, servers * r), mean_tok_per_s=mean,
+                              predicted_attainment=float(np.mean(ttft <= ttft_s)),
+                              quantile_latency_s=_quantile(ttft, attainment))
 
     def attain(c: float) -> float:
         return float(np.mean(fluid_waits(arrival_s, p, c) + lat <= ttft_s))

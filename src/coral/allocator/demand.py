@@ -18,9 +18,31 @@ Group = tuple[str, Phase]
 _MEMO: dict[tuple[Any, ...], dict[Group, CapacityTarget]] = {}
 
 
+def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
+    """Per model, the prefill throughput of one instance of the template with the most Θ per $ (at
+    its cheapest region): the unit the plan adds prefill capacity in, and so the servers of the
+    prefill queue."""
+    price: dict[str, float] = {}
+    for (_, c), p in scenario.prices.items():
+        price[c] = min(p, price.get(c, math.inf))
+    out = {}
+    for m in scenario.models:
+        best = None
+        for t in library.of(m.name, Phase.PREFILL):
+            cost = sum(price.get(n, math.inf) for n in t.nodes)
+            if cost > 0 and math.isfinite(cost):
+                key = t.throughput_tok_per_s / cost
+                if best is None or key > best[0]:
+                    best = (key, t.throughput_tok_per_s)
+        if best is not None:
+            out[m.name] = best[1]
+    return out
+
+
 def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, *,
                      scale: Mapping[str, float] | None = None,
-                     boost: Mapping[Group, float] | None = None) -> dict[Group, CapacityTarget]:
+                     boost: Mapping[Group, float] | None = None,
+                     library: Any = None) -> dict[Group, CapacityTarget]:
     """Per (model, phase), the capacity that keeps the model's attainment target on its traffic.
 
     Args:
@@ -30,6 +52,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         scale: model -> rate multiplier applied to its sample (the forecast's ratio to it): the
             arrival times are compressed by it, which keeps the burstiness's shape.
         boost: (model, phase) -> capacity multiplier on top (`coral plan --calibrate`).
+        library: the template library; given, prefill is sized as `c` instances of its best Θ per
+            $ template (`instance_rates`) rather than one pooled server.
 
     Returns:
         The targets; a model without requests in its sample gets 0.
@@ -44,11 +68,12 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         template_budget_ms,
     )
 
+    rates = instance_rates(scenario, library) if library is not None else {}
     memo_key = None
     if samples is None and not scale and not boost:
         from coral.scenario.traffic import scenario_key
 
-        memo_key = scenario_key(scenario)
+        memo_key = (scenario_key(scenario), tuple(sorted(rates.items())))
         hit = _MEMO.get(memo_key)
         if hit is not None:
             return hit
@@ -71,7 +96,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         lengths = length_summary(scenario, m.name)
         pre = prefill_capacity(arr, p, window_s=window, ttft_s=m.ttft_ms / 1e3,
                                budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
-                               prompt_q=lengths.prompt_q, attainment=q, model=m.name)
+                               prompt_q=lengths.prompt_q, attainment=q, model=m.name,
+                               instance_tok_per_s=rates.get(m.name))
         kv = model_kv_link(scenario, m.name)
         dec = decode_capacity(arr, p, d, window_s=window, tpot_s=m.tpot_ms / 1e3,
                               cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,

@@ -134,7 +134,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     if missing:
         from coral.allocator.demand import capacity_targets
 
-        targets = capacity_targets(scenario)
+        targets = capacity_targets(scenario, library=library)
     for m in scenario.models:
         allowed[m.name] = tuple(m.regions) if m.regions else regions
         for ph in PHASES:

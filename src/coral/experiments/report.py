@@ -239,6 +239,33 @@ def _per_model_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
     return table(["model", *(f"{m} $/h (prefill + decode)" for m in names), *(f"{m} SLO" for m in names)], rows)
 
 
+def _target_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    """Each model's attainment against its target: over the run and in its worst epoch."""
+    names = list(methods)
+    models = list(methods[names[0]]["per_model"])
+    rows = []
+    for model in models:
+        pm = {m: methods[m]["per_model"][model] for m in names}
+        target = pm[names[0]].get("attainment_target")
+        rows.append([model, _pct(target)] + [
+            f"{_pct(pm[m]['slo_attainment'])} / {_pct(pm[m].get('worst_epoch_attainment'))}"
+            + ("" if target is None or (pm[m]["slo_attainment"] or 0) >= target else " (below)") for m in names])
+    return table(["model", "target", *(f"{m} run / worst epoch" for m in names)], rows)
+
+
+def _churn_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
+    """Instances started and stopped per epoch, per method (what re-planning costs in start-ups)."""
+    names = list(methods)
+    n_ep = min(len(r["per_epoch"]) for r in methods.values())
+    rows = []
+    for k in range(n_ep):
+        e0 = methods[names[0]]["per_epoch"][k]
+        rows.append([f"{k + 1} ({e0['t_start_s']:.0f}–{e0['t_end_s']:.0f} s)"]
+                    + [f"+{methods[m]['per_epoch'][k].get('instances_started') or 0} / "
+                       f"−{methods[m]['per_epoch'][k].get('instances_stopped') or 0}" for m in names])
+    return table(["epoch", *(f"{m} started / stopped" for m in names)], rows)
+
+
 def _latency_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
     rows = []
     for m, r in methods.items():
@@ -335,8 +362,12 @@ def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, pre
                               ("$ per M good tokens", {m: r["usd_per_mtok_good"] for m, r in methods.items()}),
                               ("cost ($/h)", {m: r["cost_usd_per_h"] for m, r in methods.items()})],
                              fig_dir / f"{name}_{case}_goodput.png", f"{setup}: {case} availability"), "goodput bars")
+            out.append("SLO attainment per model against its target (the whole run / its worst epoch):\n\n"
+                       + _target_table(methods))
             out.append("SLO attainment per epoch (requests arriving in the epoch):\n\n"
                        + _epochs_table(methods, "slo_attainment", ".1%"))
+            out.append("Instances started / stopped per epoch (the first epoch's starts are the initial plan):\n\n"
+                       + _churn_table(methods))
             out.append("Per model:\n\n" + _per_model_table(methods))
             img(fig_cost_per_model(methods, fig_dir / f"{name}_{case}_per_model.png",
                                    f"{setup}: cost per model ({case})"), "cost per model")

@@ -254,10 +254,16 @@ def method_record(result: Any, plans: Sequence[Plan], *, method: str, label: str
         sel = (arrival >= e["t_start_s"]) & (arrival < e["t_end_s"])
         n = int(sel.sum())
         p = plans[k] if k < len(plans) else None
+        by_model = {}
+        for mi, mname in enumerate(result.models):
+            msel = sel & (result.model == mi)
+            by_model[mname] = float(met[msel].sum()) / int(msel.sum()) if msel.any() else None
         epochs.append({
             "epoch": k, "t_start_s": e["t_start_s"], "t_end_s": e["t_end_s"],
             "cost_usd_per_h": _f(e["cost_usd_per_h"]), "goodput_tok_per_s": _f(e["goodput_tok_per_s"]),
             "slo_attainment": float(met[sel].sum()) / n if n else None, "arrived": n,
+            "slo_attainment_by_model": by_model,
+            "instances_started": e.get("instances_started"), "instances_stopped": e.get("instances_stopped"),
             "plan_cost_usd_per_h": p.cost_usd_per_h if p else None, "plan_alpha": p.alpha if p else None,
             "solve_s": p.solve_s if p else None,
         })
@@ -273,11 +279,15 @@ def method_record(result: Any, plans: Sequence[Plan], *, method: str, label: str
             "tpot_p99_s": _f(m["tpot_s"].get("p99")), "prefill_utilization": _f(pre["utilization"]),
             "decode_utilization": _f(dec["utilization"]), "decode_tok_per_s": dec["tokens_per_s"],
             "rate_per_s": scenario.model(name).rate_per_s, "requests": m["requests"],
+            "attainment_target": scenario.model(name).slo.attainment,
+            "worst_epoch_attainment": min((e["slo_attainment_by_model"][name] for e in epochs
+                                           if e["slo_attainment_by_model"].get(name) is not None), default=None),
         }
     cost, good = s["cost_usd_per_h"], s["goodput_tok_per_s"]
     solve = [p.solve_s for p in plans]
     return {
         "method": method, "label": label,
+        "slo_attainment_target": min(m.slo.attainment for m in scenario.models),
         "cost_usd_per_h": cost, "goodput_tok_per_s": good, "slo_attainment": _f(s["slo_attainment"]),
         "slo_attainment_arrived": _f(s["slo_attainment_arrived"]),
         # $ per million SLO-meeting tokens: the paper's "goodput-normalized hourly cost"

@@ -117,7 +117,7 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
         raise_pairs = [(v.model, v.phase) for v in missing if not v.phase_ok] or [(v.model, v.phase) for v in missing]
         for g in raise_pairs:
             boost[g] = boost.get(g, 1.0) * factor
-        targets = capacity_targets(setup.scenario, boost=boost)
+        targets = capacity_targets(setup.scenario, boost=boost, library=setup.library)
         current = solve(setup, method, demand={g: t.capacity_tok_per_s for g, t in targets.items()}, options=options)
     return current, steps
 

@@ -100,3 +100,19 @@ def test_forecast_of_a_burst_is_above_its_mean():
     f = Forecaster(quantile=0.9)
     seen = [f.update({"m": x})["m"] for x in (10, 10, 30, 10, 10)]
     assert seen[2] >= 30 and seen[3] > 10  # after a burst the forecast stays up for an epoch
+
+
+def test_prefill_capacity_in_whole_instances_waits_for_a_whole_instance():
+    rng = np.random.default_rng(3)
+    n = 3000
+    arr = np.sort(rng.uniform(0, 300, n))
+    p = np.full(n, 4000)  # 40 k tok/s offered; one instance clears a prompt in 0.4 s at 10 k tok/s
+    kw = dict(window_s=300.0, ttft_s=1.0, budget_s=0.5, prompt_q=4000.0, attainment=0.95)
+    pooled = prefill_capacity(arr, p, **kw)
+    whole = prefill_capacity(arr, p, instance_tok_per_s=10_000.0, **kw)
+    servers = whole.capacity_tok_per_s / 10_000.0
+    assert servers == int(servers) and whole.predicted_attainment >= 0.95
+    # one server fewer misses the target; whole instances never need less than one pooled server (to the bisection)
+    fewer = fcfs_waits(arr, p / 10_000.0, int(servers) - 1) + 0.5
+    assert np.mean(fewer <= 1.0) < 0.95
+    assert whole.capacity_tok_per_s >= 0.99 * pooled.capacity_tok_per_s
