@@ -2,7 +2,8 @@
 
 Sections (each can be picked with --only): calibration (perf model vs Helix's measurements),
 exact (exact search vs the placement ILP on the same seeded cases), library (template library
-build time and peak memory), allocator (plan solve time and cost ratios on the real libraries),
+build time and peak memory), allocator (plan solve time and cost ratios on the real libraries), slo (simulated attainment
+against each model's target, the simulated bill against the plan's, the router's effect),
 sim (simulator throughput), runtime (router overhead, pipeline vs single process).
 
 Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--quick` skips
@@ -297,7 +298,7 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "sim", "runtime")
+SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "sim", "runtime")
 
 
 def main() -> None:
@@ -324,6 +325,8 @@ def main() -> None:
                 bench_library(args.quick, args.full)
             elif section == "allocator":
                 bench_allocator(args.quick)
+            elif section == "slo":
+                bench_helper("slo", "slo_bench", args.quick)
             elif section == "sim":
                 bench_sim(args.quick)
             elif section == "runtime":

@@ -123,7 +123,7 @@ def _bisect(lo: float, hi: float, ok, rel: float = 0.01) -> float:  # type: igno
 
 def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window_s: float, ttft_s: float,
                      budget_s: float, prompt_q: float, attainment: float, model: str = "",
-                     instance_tok_per_s: float | None = None) -> CapacityTarget:
+                     instance_tok_per_s: float | None = None, strict: bool = True) -> CapacityTarget:
     """The prefill capacity (prompt tokens/s) at which `attainment` of the sample's TTFTs fit `ttft_s`.
 
     Args:
@@ -131,9 +131,12 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
             use. Given, the queue has `c` servers of that rate (a request waits for a whole instance,
             as it does: it cannot be split) and the capacity is `c` times it; None: one pooled fluid
             server (exact for one instance, optimistic by up to a service time for several).
+        strict: raise when no capacity reaches the target; False: size for the best the latency
+            allows instead (what an epoch re-plan does when its window holds longer prompts than
+            the templates were built for: more capacity would not help those requests).
 
     Raises:
-        CoralError: the target cannot be reached at any capacity (the latency alone misses it).
+        CoralError: (strict) the target cannot be reached at any capacity (the latency alone misses it).
     """
     p = np.maximum(np.asarray(prompt_tokens, dtype=float), 1.0)
     mean = float(p.sum() / window_s) if window_s > 0 else 0.0
@@ -141,7 +144,12 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
         return CapacityTarget(capacity_tok_per_s=0.0, mean_tok_per_s=0.0, predicted_attainment=1.0, quantile_latency_s=0.0)
     lat = budget_s * p / prompt_q
     best = _quantile(lat, attainment)
-    if best > ttft_s:
+    if best > ttft_s and not strict:
+        attainment = float(np.mean(lat <= ttft_s)) - 0.005
+        if attainment <= 0:  # nothing is reachable: capacity would buy nothing
+            return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
+                                  quantile_latency_s=best)
+    elif best > ttft_s:
         raise CoralError(f"model {model}: the p{attainment * 100:g} TTFT is {best:.3g} s with no queueing at all, above "
                          f"the {ttft_s:g} s SLO; lower slo_attainment, relax ttft_ms or raise planner.ttft_headroom")
 
@@ -182,7 +190,7 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
 
 def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *, window_s: float,
                     tpot_s: float, cadence_s: float, kv_s_per_token: float, kv_latency_s: float,
-                    attainment: float, model: str = "") -> CapacityTarget:
+                    attainment: float, model: str = "", strict: bool = True) -> CapacityTarget:
     """The decode capacity (output tokens/s) at which `attainment` of the sample's TPOTs fit `tpot_s`.
 
     Args:
@@ -190,9 +198,10 @@ def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tok
             TTFT shift is common to all requests).
         cadence_s: the decode templates' step budget.
         kv_s_per_token, kv_latency_s: the KV transfer, `P · kv_s_per_token + kv_latency_s`.
+        strict: as for `prefill_capacity`.
 
     Raises:
-        CoralError: the target cannot be reached at any capacity.
+        CoralError: (strict) the target cannot be reached at any capacity.
     """
     d = np.maximum(np.asarray(output_tokens, dtype=float), 1.0)
     p = np.asarray(prompt_tokens, dtype=float)
@@ -210,7 +219,12 @@ def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tok
 
     floor = tpot(len(d) + 1)
     best = _quantile(floor, attainment)
-    if best > tpot_s:
+    if best > tpot_s and not strict:
+        attainment = float(np.mean(floor <= tpot_s)) - 0.005
+        if attainment <= 0:  # nothing is reachable: capacity would buy nothing
+            return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
+                                  quantile_latency_s=best)
+    elif best > tpot_s:
         raise CoralError(f"model {model}: the p{attainment * 100:g} TPOT is {best * 1e3:.3g} ms with no queueing "
                          f"(step {cadence_s * 1e3:.3g} ms plus the KV transfer), above the {tpot_s * 1e3:g} ms SLO; "
                          "lower slo_attainment, relax tpot_ms, or offer nodes with faster NICs")

@@ -59,7 +59,9 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         The targets; a model without requests in its sample gets 0.
 
     Raises:
-        CoralError: a target that no capacity reaches (names the model and the latency that misses).
+        CoralError: on the scenario's own sample, a target that no capacity reaches (names the model
+            and the latency that misses); on given samples (an epoch's window) the capacity is sized
+            for the best the templates allow instead.
     """
     from coral.scenario.traffic import (
         component_attainment,
@@ -97,12 +99,12 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         pre = prefill_capacity(arr, p, window_s=window, ttft_s=m.ttft_ms / 1e3,
                                budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
                                prompt_q=lengths.prompt_q, attainment=q, model=m.name,
-                               instance_tok_per_s=rates.get(m.name))
+                               instance_tok_per_s=rates.get(m.name), strict=samples is None)
         kv = model_kv_link(scenario, m.name)
         dec = decode_capacity(arr, p, d, window_s=window, tpot_s=m.tpot_ms / 1e3,
                               cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
                               kv_s_per_token=kv.s_per_prompt_token, kv_latency_s=scenario.perf.system.network_latency_s,
-                              attainment=q, model=m.name)
+                              attainment=q, model=m.name, strict=samples is None)
         for ph, target in ((Phase.PREFILL, pre), (Phase.DECODE, dec)):
             k = float((boost or {}).get((m.name, ph), 1.0))
             if k != 1.0:

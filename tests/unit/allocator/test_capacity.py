@@ -116,3 +116,11 @@ def test_prefill_capacity_in_whole_instances_waits_for_a_whole_instance():
     fewer = fcfs_waits(arr, p / 10_000.0, int(servers) - 1) + 0.5
     assert np.mean(fewer <= 1.0) < 0.95
     assert whole.capacity_tok_per_s >= 0.99 * pooled.capacity_tok_per_s
+
+
+def test_a_window_beyond_reach_is_sized_for_what_latency_allows_not_refused():
+    arr, p = np.arange(100.0), np.full(100, 1000)
+    t = prefill_capacity(arr, p, window_s=100.0, ttft_s=1.0, budget_s=2.0, prompt_q=1000.0, attainment=0.95,
+                         strict=False)
+    # every request takes 2 s alone: nothing reaches a 1 s TTFT, and no capacity is bought for it
+    assert t.predicted_attainment == 0.0 and t.capacity_tok_per_s == pytest.approx(t.mean_tok_per_s)
