@@ -19,9 +19,10 @@ _MEMO: dict[tuple[Any, ...], dict[Group, CapacityTarget]] = {}
 
 
 def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
-    """Per model, the prefill throughput of one instance of the template with the most Θ per $ (at
-    its cheapest region): the unit the plan adds prefill capacity in, and so the servers of the
-    prefill queue."""
+    """Per model, the rate of one prefill *server*: the unit the plan adds prefill capacity in. It
+    is the template with the most Θ per $ (at its cheapest region), divided by its narrowest
+    stage's data-parallel width: a request runs on one node per stage, so a stage of `w` nodes is
+    `w` servers, not one `w` times as fast."""
     price: dict[str, float] = {}
     for (_, c), p in scenario.prices.items():
         price[c] = min(p, price.get(c, math.inf))
@@ -33,7 +34,8 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
             if cost > 0 and math.isfinite(cost):
                 key = t.throughput_tok_per_s / cost
                 if best is None or key > best[0]:
-                    best = (key, t.throughput_tok_per_s)
+                    width = min(len(st.nodes) for st in t.placement.stages)
+                    best = (key, t.throughput_tok_per_s / width)
         if best is not None:
             out[m.name] = best[1]
     return out

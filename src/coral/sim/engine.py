@@ -99,7 +99,8 @@ class _Batch:
 
 class _Instance:
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
-                 "region", "retiring", "spec", "token_budget", "stage_layers", "stage_wrr", "stages", "start_s", "state", "stop_s",
+                 "region", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
+                 "state", "stop_s",
                  "weight")
 
     def __init__(self, iid: int, spec: InstanceSpec, midx: int, start_s: float, ready_s: float,
@@ -123,11 +124,13 @@ class _Instance:
         self.stages: list[list[_Node]] = []
         self.stage_layers: list[int] = []
         self.stage_wrr: list[SmoothWRR] = []
+        self.stage_weights: list[list[float]] = []
         for st in t.placement.stages:
             self.stages.append([_Node(config_of(name), self) for name in st.nodes])
             self.stage_layers.append(st.layers)
             # Replaced by weights ∝ node throughput in `_Sim.start_instance` (needs the perf model).
             self.stage_wrr.append(SmoothWRR([1.0] * len(st.nodes)))
+            self.stage_weights.append([1.0] * len(st.nodes))
         # Micro-batches in flight, as the memory model budgets them: per node of the narrowest
         # stage, S decode micro-batches of KV, or 2 prefill micro-batches per stage (so the next
         # prompt batch can enter stage 0 while the last one is still in the pipeline).
@@ -307,10 +310,11 @@ class _Sim:
             inst.token_budget = inst.b * max(1.0, prompt)
         last = len(inst.stages) - 1
         for s, nodes in enumerate(inst.stages):
-            if len(nodes) > 1:  # WRR ∝ node throughput u/τ_k at the template's nominal shape
-                inst.stage_wrr[s] = SmoothWRR([
+            if len(nodes) > 1:  # weights ∝ node throughput u/τ_k at the template's nominal shape
+                inst.stage_weights[s] = [
                     1.0 / self.perf.node_time_s(n.cfg, self.specs[inst.midx], shape, inst.stage_layers[s],
-                                                first=s == 0, last=s == last) for n in nodes])
+                                                first=s == 0, last=s == last) for n in nodes]
+                inst.stage_wrr[s] = SmoothWRR(inst.stage_weights[s])
         self.instances.append(inst)
         self.push(ready_s, _READY, inst)
         return inst
@@ -448,8 +452,18 @@ class _Sim:
     def _enter(self, t: float, lane: _Batch, s: int) -> None:
         inst = lane.inst
         nodes = inst.stages[s]
-        node = nodes[inst.stage_wrr[s].pick()] if len(nodes) > 1 else nodes[0]
+        node = self._pick_node(inst, s) if len(nodes) > 1 else nodes[0]
         self._node_arrive(t, node, lane)
+
+    def _pick_node(self, inst: _Instance, s: int) -> _Node:
+        """A node of stage `s` (data parallel) for a micro-batch: with the least-work router, the one
+        with the fewest micro-batches running or queued per unit of its weight (∝ its throughput);
+        with WRR, the next in the stage's weighted round-robin."""
+        nodes = inst.stages[s]
+        if self.router == "wrr":
+            return nodes[inst.stage_wrr[s].pick()]
+        weights = inst.stage_weights[s]
+        return nodes[least_work([len(n.queue) + n.busy for n in nodes], weights, 1.0)]
 
     def _node_time(self, node: _Node, lane: _Batch) -> float:
         inst = lane.inst
@@ -536,7 +550,7 @@ class _Sim:
         if s + 1 < len(inst.stages):
             lane.stage = s + 1
             nodes = inst.stages[s + 1]
-            nxt = nodes[inst.stage_wrr[s + 1].pick()] if len(nodes) > 1 else nodes[0]
+            nxt = self._pick_node(inst, s + 1) if len(nodes) > 1 else nodes[0]
             key = (node.cfg, nxt.cfg, inst.midx, lane.key)
             x = self._xfer_cache.get(key)
             if x is None:
