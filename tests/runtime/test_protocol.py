@@ -105,6 +105,24 @@ def test_tensors_travel_in_their_own_frames_without_a_copy() -> None:
         decode([*frames, b"stray"])
 
 
+_ext = st.builds(lambda c, b: msgpack.ExtType(c, b), st.integers(0, 3), st.binary(max_size=20))
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8), _ext),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["@", "keys", "hidden", "items", "sampling", "x"]), c, max_size=4),
+    max_leaves=12,
+)
+_tags = st.sampled_from(["KvPush", "ForwardBatch", "Submit", "TokenOut", "Heartbeat", "SamplingParams"])
+
+
+@given(body=st.builds(lambda tag, d: msgpack.packb({"@": tag, **d}), _tags, st.dictionaries(st.text(max_size=10), _values, max_size=6)),
+       extra=st.lists(st.binary(max_size=64), max_size=3))  # fmt: skip
+def test_fuzzed_frames_raise_only_protocol_errors(body: bytes, extra: list[bytes]) -> None:
+    try:
+        decode([body, *extra])
+    except ProtocolError:
+        pass
+
+
 def test_oversized_message_rejected() -> None:
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         decode(encode(_submit(prompt=tuple(range(1000)))), max_bytes=100)

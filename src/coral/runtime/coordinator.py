@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from coral.errors import CoralError
 from coral.policy import (
     Candidate,
@@ -529,10 +531,7 @@ class Coordinator:
             eos = (() if ignore_eos else info.eos_ids) + tuple(t for t in stop_ids if ignore_eos or t not in info.eos_ids)
             if sampling is not None:
                 temperature = sampling.temperature
-                sampling = SamplingParams(**{
-                    **{f: getattr(sampling, f) for f in sampling.__struct_fields__},
-                    "seed": seed_, "stop_ids": eos, "prompt_len": len(prompt),
-                })  # fmt: skip
+                sampling = msgspec.structs.replace(sampling, seed=seed_, stop_ids=eos, prompt_len=len(prompt))
             h = RequestHandle(
                 request_id=rid, model=model, prompt_len=len(prompt), queue=queue.Queue(), t_start=time.perf_counter(),
                 instance_id="", prompt=tuple(prompt), max_tokens=max_tokens, temperature=temperature,

@@ -95,6 +95,10 @@ class EngineNode:
         #: last stage: each request's tokens so far (prompt, then output), kept only for
         #: requests whose sampling has a penalty
         self.histories: dict[str, list[int]] = {}
+        if self.is_last:
+            # the sampler needs torch even behind a no-op shard: import it now, not under the
+            # first batch (seconds on a busy host, longer than the scheduler's heartbeat timeout)
+            import coral.runtime.sampling  # noqa: F401
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
         self.heartbeat_s = heartbeat_s

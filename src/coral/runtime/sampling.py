@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from coral.runtime.protocol import SamplingParams, TopLogprob
 
 __all__ = ["Sampled", "sample_batch", "step_seed"]
@@ -47,8 +49,6 @@ def step_seed(seed: int, step: int) -> int:
 
 def _penalties(x: Any, params: Sequence[SamplingParams], histories: Sequence[Sequence[int]]) -> Any:
     """Apply repetition / frequency / presence penalties to the rows that ask for them (in place)."""
-    import torch
-
     rows = [i for i, p in enumerate(params) if p.repetition_penalty != 1.0 or p.frequency_penalty or p.presence_penalty]
     if not rows:
         return x
@@ -94,8 +94,6 @@ def sample_batch(
     Raises:
         ValueError: if the lengths of ``params``, ``steps`` and ``logits`` disagree.
     """
-    import torch
-
     if logits.dim() != 2 or logits.shape[0] != len(params) or len(steps) != len(params):
         raise ValueError(f"logits {tuple(logits.shape)} need one row per params ({len(params)}) and step ({len(steps)})")
     if not params:

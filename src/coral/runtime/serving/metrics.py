@@ -69,6 +69,17 @@ class ServingMetrics:
         self.success = Counter("vllm:request_success", "Count of successfully processed requests.", [*label, "finished_reason"], registry=r)
         self.http_errors = Counter("coral:http_request_errors", "HTTP responses with an error status, by code.", [*label, "code"], registry=r)
         r.register(_LoadCollector(load))
+        self._children: dict[str, tuple[Any, ...]] = {}
+
+    def _of(self, model: str) -> tuple[Any, ...]:
+        """The model's labelled children, looked up once (``labels()`` takes a lock each call)."""
+        c = self._children.get(model)
+        if c is None:
+            c = self._children[model] = tuple(
+                m.labels(model) for m in (self.prompt_tokens, self.generation_tokens, self.req_prompt, self.req_gen,
+                                          self.e2e, self.ttft, self.tpot, self.queue, self.itl, self.tpot_iter)
+            )  # fmt: skip
+        return c
 
     def render(self) -> bytes:
         """The text exposition (Prometheus format 0.0.4)."""
@@ -88,23 +99,25 @@ class ServingMetrics:
             ttft_s: arrival to first token (None if none came).
             queue_s: time it waited in the scheduler (None if unknown).
         """
-        self.prompt_tokens.labels(model).inc(prompt_tokens)
-        self.generation_tokens.labels(model).inc(output_tokens)
-        self.req_prompt.labels(model).observe(prompt_tokens)
-        self.req_gen.labels(model).observe(output_tokens)
+        prompt, gen, req_prompt, req_gen, e2e, ttft, tpot, queue, _itl, _tpot_iter = self._of(model)
+        prompt.inc(prompt_tokens)
+        gen.inc(output_tokens)
+        req_prompt.observe(prompt_tokens)
+        req_gen.observe(output_tokens)
         self.success.labels(model, finished_reason).inc()
-        self.e2e.labels(model).observe(e2e_s)
+        e2e.observe(e2e_s)
         if ttft_s is not None:
-            self.ttft.labels(model).observe(ttft_s)
+            ttft.observe(ttft_s)
             if output_tokens > 1:
-                self.tpot.labels(model).observe((e2e_s - ttft_s) / (output_tokens - 1))
+                tpot.observe((e2e_s - ttft_s) / (output_tokens - 1))
         if queue_s is not None:
-            self.queue.labels(model).observe(queue_s)
+            queue.observe(queue_s)
 
     def observe_gap(self, model: str, gap_s: float) -> None:
         """One inter-token gap of a stream."""
-        self.itl.labels(model).observe(gap_s)
-        self.tpot_iter.labels(model).observe(gap_s)
+        c = self._of(model)
+        c[8].observe(gap_s)
+        c[9].observe(gap_s)
 
     def error(self, model: str, code: int) -> None:
         """One error response."""
