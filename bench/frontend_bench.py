@@ -235,7 +235,7 @@ def bench_idle(n: int, idle_timeout_s: float) -> list[dict[str, Any]]:
             rss.append((before, held, _rss_mib()))
             if peak_conns < n:
                 raise RuntimeError(f"only {peak_conns} of {n} idle connections were accepted")
-        (b1, h1, a1), (b2, h2, a2) = rss[1], rss[2]
+        (b1, _h1, a1), (b2, h2, a2) = rss[1], rss[2]
         rows += [
             {"bench": f"{n} idle conns: closed by the server (last cycle)", "value": closed[-1], "unit": "", "goal": f">= {n}"},
             {"bench": f"{n} idle conns: server RSS growth while held", "value": h2 - b2, "unit": "MiB", "goal": ""},
