@@ -105,13 +105,17 @@ class EngineNode:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_beat = 0.0
         self._scheduler_seen = time.monotonic()
+        self._heard = False  # a heartbeat from the scheduler has arrived
 
     def _beat(self) -> None:
         now = time.monotonic()
         if now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
             self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=len(self.caches)))
-        if self.heartbeat_timeout_s and now - self._scheduler_seen > self.heartbeat_timeout_s:
+        # before the scheduler's first heartbeat, allow for its start-up (a fresh process
+        # importing its libraries takes seconds on a busy host; engines fork ready-made)
+        limit = self.heartbeat_timeout_s if self._heard else max(30.0, 10 * self.heartbeat_timeout_s)
+        if self.heartbeat_timeout_s and now - self._scheduler_seen > limit:
             log.warning("engine %s/%d/%d: scheduler silent for %.1f s; exiting", self.instance_id, self.stage, self.node_index, now - self._scheduler_seen)
             self.stop_event.set()
 
@@ -157,6 +161,7 @@ class EngineNode:
             self._kv_push(msg)
         elif isinstance(msg, Heartbeat):
             self._scheduler_seen = time.monotonic()
+            self._heard = True
         elif isinstance(msg, Shutdown):
             return False
         else:

@@ -284,7 +284,10 @@ class _Run:
         loop = self.loop
 
         def sink(msg: TokenOut) -> None:
-            loop.call_soon_threadsafe(put, (k, msg))
+            try:
+                loop.call_soon_threadsafe(put, (k, msg))
+            except RuntimeError:  # the server's loop has stopped: nobody reads this request any more
+                pass
 
         return sink
 
