@@ -2,9 +2,10 @@
 
 Sections (each can be picked with --only): calibration (perf model vs Helix's measurements),
 exact (exact search vs the placement ILP on the same seeded cases), library (template library
-build time and peak memory), allocator (plan solve time and cost ratios on the real libraries), slo (simulated attainment
-against each model's target, the simulated bill against the plan's, the router's effect),
-sim (simulator throughput), runtime (router overhead, pipeline vs single process).
+build time and peak memory), allocator (plan solve time and cost ratios on the real libraries),
+slo (simulated attainment against each model's target, the simulated bill against the plan's, the
+router's effect), sim (simulator throughput), runtime (router overhead, pipeline vs single
+process; the HTTP front end: overhead, 256 / 1,024 concurrent streams, 1,000 idle connections).
 
 Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--quick` skips
 the extended library build (about 4 minutes); `--full` adds the long variants of the helper benches.
@@ -331,6 +332,7 @@ def main() -> None:
                 bench_sim(args.quick)
             elif section == "runtime":
                 bench_helper("runtime", "runtime_bench", args.quick or not args.full)
+                bench_helper("runtime", "frontend_bench", args.quick or not args.full)
         except Exception as exc:  # a broken section must not hide the others' figures
             row(section, "FAILED", type(exc).__name__, "", False, str(exc)[:150])
     missed = [r for r in ROWS if r["ok"] is False]

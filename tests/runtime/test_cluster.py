@@ -114,7 +114,7 @@ def test_prompt_longer_than_context(cluster: Deployment) -> None:
 def test_every_request_accounted(cluster: Deployment) -> None:
     assert cluster.coordinator is not None
     text = http("GET", cluster.url + "/metrics")[1]
-    done = sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("coral_requests_total{"))
+    done = sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines() if line.startswith("vllm:request_success_total{"))
     # every request that reached an instance ended and was counted: 2 x PROMPTS, 1 stream, 1 after junk
     assert 2 * len(PROMPTS) + 2 == done
     assert 0 == len(cluster.coordinator._handles)

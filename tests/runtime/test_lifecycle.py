@@ -181,6 +181,15 @@ def test_bench_tool_reports_every_request(dep: Deployment) -> None:
     assert {"mean_ttft_ms", "median_tpot_ms", "p99_itl_ms", "mean_e2el_ms", "request_throughput"} <= set(j)
 
 
+def test_bench_takes_the_context_from_the_server(dep: Deployment) -> None:
+    from coral.runtime.loadgen import server_max_context
+
+    assert dep.coordinator is not None
+    assert dep.coordinator.models["llama"].max_context == server_max_context(dep.url, "llama")
+    with pytest.raises(Exception, match="does not serve model 'nope'; it serves: llama"):
+        server_max_context(dep.url, "nope")
+
+
 def test_bench_cli_arguments(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -193,10 +202,13 @@ def test_bench_cli_arguments(tmp_path: Path) -> None:
     assert 0 != r.exit_code and "unknown goodput metric" in r.output
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,4,2\n0.1,5,3\n")
-    # nothing listens on port 9: both requests are sent and both fail, explicitly; with nothing
-    # measured the command exits 1, so a script does not take the run for a benchmark
-    r = CliRunner().invoke(bench_serve, ["--url", "http://127.0.0.1:9", "--model", "m", "--trace", str(trace), "--duration-s", "5", "--json", "--timeout-s", "2"])
+    # nothing listens on port 9: without --max-context the server's /v1/models is asked first
+    r = CliRunner().invoke(bench_serve, ["--url", "http://127.0.0.1:9", "--model", "m", "--trace", str(trace), "--duration-s", "5"])
+    assert 1 == r.exit_code and "cannot reach http://127.0.0.1:9/v1/models" in r.output
+    # with it, both requests are sent and both fail, explicitly, and the exit status says so
+    r = CliRunner().invoke(bench_serve, ["--url", "http://127.0.0.1:9", "--model", "m", "--trace", str(trace), "--duration-s", "5",
+                                         "--json", "--timeout-s", "2", "--max-context", "64"])  # fmt: skip
     assert 1 == r.exit_code, r.output
-    assert "every request to http://127.0.0.1:9 failed" in r.output and "Traceback" not in r.output
     out = json.loads(r.output[: r.output.rindex("}") + 1])
     assert (2, 0, 2) == (out["sent"], out["completed"], out["failed"])
+    assert "every request to http://127.0.0.1:9 failed" in r.output and "Traceback" not in r.output

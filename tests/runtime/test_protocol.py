@@ -58,29 +58,69 @@ def test_submit_round_trip_property(prompt: list[int], temp: float, rid: str) ->
     assert msg == decode(encode(msg))
 
 
+def _kv_push_with(key: object) -> bytes:
+    body = {"@": "KvPush", "request_id": "a", "layer_start": 0, "seq_len": 1, "notify": "n", "values": [], "keys": [key]}
+    return msgpack.packb(body)
+
+
 @pytest.mark.parametrize(
     ("raw", "match"),
     [
         (b"\xc1\xc1garbage", "not msgpack"),
-        (msgpack.packb([1, 2]), "no tag"),
-        (msgpack.packb({"@": "Pickle", "x": 1}), "unknown message tag"),
-        (msgpack.packb({"@": "TensorBlob", "dtype": "float32", "shape": [], "data": b"\0" * 4}), "unknown message tag"),
-        (msgpack.packb({"@": "Release", "request_ids": ["a"], "evil": 1}), "unknown fields"),
-        (msgpack.packb({"@": "Release", "request_ids": "a"}), "expected an array"),
-        (msgpack.packb({"@": "TokenOut", "request_id": "a", "tokens": [True], "finished": True}), "expected an integer"),
-        (msgpack.packb({"@": "Release"}), "bad Release"),
-        (
-            msgpack.packb({"@": "KvPush", "request_id": "a", "layer_start": 0, "seq_len": 1, "notify": "n", "values": [],
-                           "keys": [{"@": "TensorBlob", "dtype": "float32", "shape": [4], "data": b"\0" * 3}]}),
-            "needs 16 bytes",
-        ),
-        (msgpack.packb({"@": "KvPush", "request_id": "a", "layer_start": 0, "seq_len": 1, "notify": "n", "values": [],
-                        "keys": [{"@": "TensorBlob", "dtype": "object", "shape": [0], "data": b""}]}), "unsupported tensor dtype"),
+        (msgpack.packb([1, 2]), "Expected `object`, got `array`"),
+        (msgpack.packb({"@": "Pickle", "x": 1}), "Invalid value 'Pickle'"),
+        (msgpack.packb({"@": "TensorBlob", "dtype": "float32", "shape": [], "data": b"\0" * 4}), "Invalid value 'TensorBlob'"),
+        (msgpack.packb({"@": "SamplingParams"}), "Invalid value 'SamplingParams'"),  # a value, not a message
+        (msgpack.packb({"@": "Release", "request_ids": ["a"], "evil": 1}), "unknown field `evil`"),
+        (msgpack.packb({"@": "Release", "request_ids": "a"}), "Expected `array`, got `str`"),
+        (msgpack.packb({"@": "TokenOut", "request_id": "a", "tokens": [True], "finished": True}), "Expected `int`, got `bool`"),
+        (msgpack.packb({"@": "Release"}), "missing required field `request_ids`"),
+        (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["float32", [4], b"\0" * 3]))), "needs 16 bytes"),
+        (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["object", [0], b""]))), "unsupported tensor dtype"),
+        (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["float32", [256], 1]))), "tensor frame 1 missing"),
+        (_kv_push_with(msgpack.ExtType(7, b"")), "unknown msgpack extension 7"),
+        (_kv_push_with({"@": "TensorBlob", "dtype": "float32", "shape": [1], "data": b"\0" * 4}), "expected a tensor"),
     ],
 )  # fmt: skip
 def test_malformed_messages_rejected(raw: bytes, match: str) -> None:
     with pytest.raises(ProtocolError, match=match):
         decode(raw)
+
+
+def test_tensors_travel_in_their_own_frames_without_a_copy() -> None:
+    big = torch.arange(1024, dtype=torch.float32).reshape(1, 4, 256)
+    small = torch.arange(4, dtype=torch.float32)
+    msg = KvPush(request_id="a", layer_start=0, seq_len=4, keys=(TensorBlob.from_torch(big),),
+                 values=(TensorBlob.from_torch(small),), notify="n")  # fmt: skip
+    frames = encode(msg)
+    assert [4096] == [memoryview(f).nbytes for f in frames[1:]]  # the small tensor is inlined
+    assert big.data_ptr() == torch.frombuffer(frames[1], dtype=torch.float32).data_ptr()  # sent without a copy
+    received = [bytes(frames[0]), bytearray(frames[1])]
+    back = decode(received)
+    assert msg == back
+    t = back.keys[0].to_torch()
+    received[1][0:4] = torch.tensor([-1.0]).numpy().tobytes()
+    assert -1.0 == float(t[0, 0, 0])  # the tensor is a view on the received frame
+    with pytest.raises(ProtocolError, match="not referenced"):
+        decode([*frames, b"stray"])
+
+
+_ext = st.builds(lambda c, b: msgpack.ExtType(c, b), st.integers(0, 3), st.binary(max_size=20))
+_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=False), st.text(max_size=8), st.binary(max_size=8), _ext),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.sampled_from(["@", "keys", "hidden", "items", "sampling", "x"]), c, max_size=4),
+    max_leaves=12,
+)
+_tags = st.sampled_from(["KvPush", "ForwardBatch", "Submit", "TokenOut", "Heartbeat", "SamplingParams"])
+
+
+@given(body=st.builds(lambda tag, d: msgpack.packb({"@": tag, **d}), _tags, st.dictionaries(st.text(max_size=10), _values, max_size=6)),
+       extra=st.lists(st.binary(max_size=64), max_size=3))  # fmt: skip
+def test_fuzzed_frames_raise_only_protocol_errors(body: bytes, extra: list[bytes]) -> None:
+    try:
+        decode([body, *extra])
+    except ProtocolError:
+        pass
 
 
 def test_oversized_message_rejected() -> None:

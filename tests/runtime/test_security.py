@@ -96,7 +96,7 @@ def test_peer_without_the_key_cannot_send_control_messages(secure: tuple[Deploym
             s = _push(addr, curve)
             for msg in (Drain(reason="evil"), Shutdown(reason="evil")):
                 try:
-                    s.send(encode(msg), zmq.NOBLOCK)
+                    s.send_multipart(encode(msg), zmq.NOBLOCK)
                 except zmq.Again:
                     pass  # no handshake: nothing can be sent at all
             socks.append(s)
@@ -111,8 +111,9 @@ def test_peer_without_the_key_cannot_send_control_messages(secure: tuple[Deploym
 frames = st.one_of(
     st.binary(max_size=300),
     st.builds(lambda d: msgpack.packb(d, use_bin_type=True), st.dictionaries(
-        st.sampled_from(["@", "request_id", "prompt", "reason", "tokens", "sender", "role", "hello", "x"]),
+        st.sampled_from(["@", "request_id", "prompt", "reason", "tokens", "sender", "role", "hello", "sampling", "keys", "x"]),
         st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=20),
+                               st.builds(msgpack.ExtType, st.integers(0, 3), st.binary(max_size=12)),
                                st.sampled_from(["Submit", "TokenOut", "Heartbeat", "Shutdown", "Drain", "Cancel", "InstanceHello"])),
                      lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=5), c, max_size=3), max_leaves=10),
         max_size=6)),
@@ -172,7 +173,9 @@ def test_still_serving_after_http_fuzz(secure: tuple[Deployment, CurveKeys]) -> 
 def test_no_pickle_on_the_wire() -> None:
     banned = {"pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve"}
     calls = {"send_pyobj", "recv_pyobj", "send_serialized", "recv_serialized"}
-    for py in (Path(__file__).parents[2] / "src" / "coral" / "runtime").glob("*.py"):
+    files = sorted((Path(__file__).parents[2] / "src" / "coral" / "runtime").rglob("*.py"))
+    assert any(f.parent.name == "serving" for f in files)
+    for py in files:
         tree = ast.parse(py.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -189,7 +192,7 @@ def test_zz_the_cluster_key_does_get_through(secure: tuple[Deployment, CurveKeys
     assert dep.coordinator is not None
     rec = dep.coordinator.instances["s"]
     good = _push(rec.address, (k.public, k.secret, k.public))
-    good.send(encode(Drain(reason="control")))
+    good.send_multipart(encode(Drain(reason="control")))
     deadline = time.monotonic() + 5
     while rec.reported_state != "draining" and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -1,8 +1,6 @@
 """The real side of the fidelity study: a local cluster through `coral serve`, and a trace replayed over its HTTP API."""
 from __future__ import annotations
 
-import http.client
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import numpy as np
 import yaml
@@ -291,46 +288,9 @@ class RealRequest:
         return (self.last_s - self.first_s) / (self.received - 1)
 
 
-def _one(url: str, model: str, prompt: list[int], max_tokens: int, t0: float, rec: RealRequest, timeout_s: float) -> None:
-    u = urlparse(url)
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True})
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=timeout_s)
-    try:
-        rec.sent_s = time.perf_counter() - t0
-        conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            rec.error = f"HTTP {resp.status}: {resp.read()[:300]!r}"
-            return
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            if not line.startswith(b"data: "):
-                continue
-            data = line[6:].strip()
-            if data == b"[DONE]":
-                break
-            now = time.perf_counter() - t0
-            obj = json.loads(data)
-            if "error" in obj:
-                rec.error = str(obj["error"])
-                break
-            n = sum(len(c.get("token_ids") or []) for c in obj.get("choices", []))
-            if n:
-                if rec.received == 0:
-                    rec.first_s = now
-                rec.last_s = now
-                rec.received += n
-    except (OSError, http.client.HTTPException, json.JSONDecodeError) as e:
-        rec.error = f"{type(e).__name__}: {e}"
-    finally:
-        conn.close()
-
-
 def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
            vocab_size: int, seed: int = 0, timeout_s: float = 300.0) -> list[RealRequest]:
-    """Send every request at its arrival offset (open loop, one thread each), streaming, greedy.
+    """Send every request at its arrival offset (open loop, :func:`coral.runtime.loadgen.replay`), streaming, greedy.
 
     Prompts are random token ids (seeded); `max_tokens` is the trace's output length (the
     served model has no EOS token, so every request produces exactly that many tokens).
@@ -338,21 +298,18 @@ def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarra
     Returns:
         One record per request, in trace order.
     """
+    from coral.runtime.loadgen import replay as load_replay
+
     rng = np.random.default_rng(seed)
     recs = [RealRequest(index=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(d))
             for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, output_tokens, strict=True))]
     prompts = [rng.integers(3, vocab_size, size=int(p)).tolist() for p in prompt_tokens]
-    threads: list[threading.Thread] = []
-    t0 = time.perf_counter()
-    for rec, prompt in zip(recs, prompts, strict=True):
-        wait = t0 + rec.arrival_s - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        th = threading.Thread(target=_one, args=(url, model, prompt, rec.output_tokens, t0, rec, timeout_s), daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join(timeout_s)
+    # the one async load generator of `coral bench`, open loop (no concurrency bound)
+    results = load_replay(url, model, arrival_s, prompts, output_tokens, max_concurrency=0, timeout_s=timeout_s, ignore_eos=False)
+    for rec, res in zip(recs, results, strict=True):
+        rec.sent_s, rec.first_s, rec.last_s = res.sent_at_s, res.first_at_s, res.last_at_s
+        rec.received = res.output_tokens
+        rec.error = "" if res.ok else res.error
     for rec in recs:
         if not rec.error and rec.received != rec.output_tokens:
             rec.error = f"received {rec.received} tokens, asked {rec.output_tokens}"

@@ -112,6 +112,10 @@ class ClusterSpec:
     max_nodes: int = 64
     max_body_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 256 * 1024 * 1024
+    idle_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    metrics_require_key: bool = False
 
     def model(self, name: str) -> ModelSpec:
         """The model of that name (validated to exist)."""
@@ -179,6 +183,10 @@ class CoordinatorFile(_Strict):
     max_nodes: int = Field(64, ge=1, description="With planner 'allocator': most engine processes per region.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest HTTP request body.")
     max_message_mib: float = Field(256.0, gt=0, description="Largest ZeroMQ message (the KV hand-off of a long prompt is the biggest).")
+    idle_timeout_s: float = Field(5.0, gt=0, description="An HTTP connection without a request this long is closed (before its first request and between requests).")
+    header_timeout_s: float = Field(10.0, gt=0, description="A request head must arrive whole within this (slow clients are cut off).")
+    body_timeout_s: float = Field(30.0, gt=0, description="Each read of a request body must complete within this (else 408).")
+    metrics_require_key: bool = Field(False, description="Whether GET /metrics needs the api_key (open by default, as vLLM's).")
 
 
 class ClusterFile(_Strict):
@@ -236,6 +244,8 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         admin_key=c.admin_key, curve_keys_dir=c.curve_keys_dir, heartbeat_s=c.heartbeat_s,
         heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, epoch_s=c.epoch_s,
         planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
+        idle_timeout_s=c.idle_timeout_s, header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s,
+        metrics_require_key=c.metrics_require_key,
     )  # fmt: skip
 
 

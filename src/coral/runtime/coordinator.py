@@ -25,9 +25,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from coral.errors import CoralError
 from coral.policy import (
@@ -45,6 +47,7 @@ from coral.runtime.protocol import (
     Drain,
     Heartbeat,
     InstanceHello,
+    SamplingParams,
     Shutdown,
     Submit,
     TokenOut,
@@ -55,7 +58,6 @@ __all__ = [
     "Coordinator",
     "InstanceRecord",
     "InstanceView",
-    "Metrics",
     "ModelInfo",
     "RequestError",
     "RequestHandle",
@@ -114,6 +116,16 @@ class RequestHandle:
     done: bool = False
     retry_deadline: float = 0.0
     error_status: int = 500
+    sampling: SamplingParams | None = None
+    #: called (on the coordinator's thread) with each TokenOut instead of putting it on ``queue``
+    sink: Callable[[TokenOut], None] | None = None
+
+    def deliver(self, msg: TokenOut) -> None:
+        """Hand one message to whoever reads this request."""
+        if self.sink is not None:
+            self.sink(msg)
+        else:
+            self.queue.put(msg)
 
 
 # ------------------------------------------------------------------------- routing
@@ -185,84 +197,10 @@ class InstanceRecord:
     t_registered: float
     reported_in_flight: int = 0
     reported_state: str = ""  # the scheduler's own view (heartbeat)
+    reported_waiting: int = 0
+    reported_kv_usage: float = 0.0
     t_first_request: float = 0.0
     t_drain: float = 0.0
-
-
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
-
-
-@dataclass(slots=True)
-class _Hist:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, v: float) -> None:
-        if not self.counts:
-            self.counts = [0] * len(self.buckets)
-        for i, b in enumerate(self.buckets):
-            if v <= b:
-                self.counts[i] += 1
-        self.total += v
-        self.n += 1
-
-
-class Metrics:
-    """Prometheus-style counters and histograms per model (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[tuple[str, str], int] = {}
-        self.prompt_tokens: dict[str, int] = {}
-        self.generation_tokens: dict[str, int] = {}
-        self.ttft: dict[str, _Hist] = {}
-        self.tpot: dict[str, _Hist] = {}
-
-    def finish(self, h: RequestHandle, status: str) -> None:
-        """Account one ended request."""
-        with self._lock:
-            key = (h.model, status)
-            self.requests[key] = self.requests.get(key, 0) + 1
-            self.prompt_tokens[h.model] = self.prompt_tokens.get(h.model, 0) + h.prompt_len
-            self.generation_tokens[h.model] = self.generation_tokens.get(h.model, 0) + h.n_tokens
-            if h.n_tokens >= 1:
-                self.ttft.setdefault(h.model, _Hist(_TTFT_BUCKETS)).observe(h.t_first - h.t_start)
-            if h.n_tokens >= 2:
-                self.tpot.setdefault(h.model, _Hist(_TPOT_BUCKETS)).observe((h.t_last - h.t_first) / (h.n_tokens - 1))
-
-    def render(self, instances: dict[str, int]) -> str:
-        """The Prometheus text exposition (format 0.0.4).
-
-        Args:
-            instances: model -> ready instances, exported as a gauge.
-        """
-        out: list[str] = []
-        with self._lock:
-            out += ["# HELP coral_requests_total Requests ended, by model and status.", "# TYPE coral_requests_total counter"]
-            out += [f'coral_requests_total{{model="{m}",status="{s}"}} {v}' for (m, s), v in sorted(self.requests.items())]
-            for name, d, help_ in (
-                ("coral_prompt_tokens_total", self.prompt_tokens, "Prompt tokens of ended requests."),
-                ("coral_generation_tokens_total", self.generation_tokens, "Generated tokens of ended requests."),
-            ):
-                out += [f"# HELP {name} {help_}", f"# TYPE {name} counter"]
-                out += [f'{name}{{model="{m}"}} {v}' for m, v in sorted(d.items())]
-            for name, hists, help_ in (
-                ("coral_ttft_seconds", self.ttft, "Time to first token."),
-                ("coral_tpot_seconds", self.tpot, "Mean time per output token after the first, per request."),
-            ):
-                out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-                for m, h in sorted(hists.items()):
-                    for b, c in zip(h.buckets, h.counts, strict=True):
-                        out.append(f'{name}_bucket{{model="{m}",le="{b}"}} {c}')
-                    out.append(f'{name}_bucket{{model="{m}",le="+Inf"}} {h.n}')
-                    out.append(f'{name}_sum{{model="{m}"}} {h.total:.6f}')
-                    out.append(f'{name}_count{{model="{m}"}} {h.n}')
-        out += ["# HELP coral_instances_ready Registered instances, by model.", "# TYPE coral_instances_ready gauge"]
-        out += [f'coral_instances_ready{{model="{m}"}} {n}' for m, n in sorted(instances.items())]
-        return "\n".join(out) + "\n"
 
 
 class Coordinator:
@@ -308,7 +246,6 @@ class Coordinator:
         self.retried = 0
         self.failed_requests = 0
         self.load_at_drain: dict[str, int] = {}  # instance id -> requests it held when its drain began
-        self.metrics = Metrics()
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -439,6 +376,8 @@ class Coordinator:
             rec.last_seen = time.monotonic()
             rec.reported_in_flight = msg.in_flight
             rec.reported_state = msg.state
+            rec.reported_waiting = msg.waiting
+            rec.reported_kv_usage = msg.kv_cache_usage
 
     def _lost(self, iid: str, reason: str) -> None:
         """An instance died: out of routing, its requests resent elsewhere (lock held)."""
@@ -505,6 +444,21 @@ class Coordinator:
                     out[r.view.model] += 1
             return out
 
+    def model_load(self) -> dict[str, tuple[int, int, float]]:
+        """model -> (requests running, requests waiting, mean KV-cache usage 0-1), from the heartbeats.
+
+        Requests parked for a retry count as waiting.
+        """
+        with self._lock:
+            out: dict[str, tuple[int, int, float]] = {}
+            for m in self.models:
+                recs = [r for r in self.instances.values() if r.view.model == m]
+                waiting = sum(r.reported_waiting for r in recs) + sum(1 for h in self._parked if h.model == m)
+                running = sum(max(0, r.reported_in_flight - r.reported_waiting) for r in recs)
+                kv = sum(r.reported_kv_usage for r in recs) / len(recs) if recs else 0.0
+                out[m] = (running, waiting, kv)
+            return out
+
     def can_serve(self, model: str) -> bool:
         """Whether ``model`` has an active prefill-capable instance."""
         with self._lock:
@@ -538,16 +492,22 @@ class Coordinator:
             raise RequestError(404, f"The model {model!r} does not exist; served models: {served}", "model", "model_not_found")
         return info
 
-    def submit(self, model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None, ignore_eos: bool = False) -> RequestHandle:
+    def submit(
+        self, model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None, ignore_eos: bool = False,
+        *, sampling: SamplingParams | None = None, stop_ids: Sequence[int] = (), sink: Callable[[TokenOut], None] | None = None,
+    ) -> RequestHandle:  # fmt: skip
         """Validate, route and send one request.
 
         Args:
             model: the served model's name.
             prompt: token ids.
             max_tokens: tokens to generate at most.
-            temperature: 0 = greedy.
+            temperature: 0 = greedy (ignored when ``sampling`` is given).
             seed: sampling seed (None = derived from the request id).
             ignore_eos: generate ``max_tokens`` tokens even past an end-of-sequence token.
+            sampling: every other sampling parameter (its seed and stop ids are filled in here).
+            stop_ids: token ids that end the request like EOS (even with ``ignore_eos``).
+            sink: receives each TokenOut on the coordinator's thread (default: the handle's queue).
 
         Returns:
             The handle whose queue receives the tokens; call :meth:`close` when done.
@@ -567,10 +527,15 @@ class Coordinator:
             raise RequestError(400, f"token id {bad[0]} outside the model's vocabulary [0, {info.vocab_size})", "prompt")
         with self._lock:
             rid = f"req-{next(self._ids)}"
+            seed_ = seed if seed is not None else next(self._ids)
+            eos = (() if ignore_eos else info.eos_ids) + tuple(t for t in stop_ids if ignore_eos or t not in info.eos_ids)
+            if sampling is not None:
+                temperature = sampling.temperature
+                sampling = msgspec.structs.replace(sampling, seed=seed_, stop_ids=eos, prompt_len=len(prompt))
             h = RequestHandle(
                 request_id=rid, model=model, prompt_len=len(prompt), queue=queue.Queue(), t_start=time.perf_counter(),
                 instance_id="", prompt=tuple(prompt), max_tokens=max_tokens, temperature=temperature,
-                seed=seed if seed is not None else next(self._ids), eos_ids=() if ignore_eos else info.eos_ids,
+                seed=seed_, eos_ids=eos, sampling=sampling, sink=sink,
             )  # fmt: skip
             if not self._dispatch(h):
                 raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
@@ -601,7 +566,7 @@ class Coordinator:
         sub = Submit(
             request_id=h.wire_id, prompt=h.prompt + tuple(h.generated), max_tokens=h.max_tokens - len(h.generated),
             temperature=h.temperature, seed=h.seed, eos_ids=h.eos_ids, reply_to=self.t.address,
-            decode_to=self.instances[dec.instance_id].address if dec is not None else "",
+            decode_to=self.instances[dec.instance_id].address if dec is not None else "", sampling=h.sampling,
         )  # fmt: skip
         self.t.send(self.instances[pre.instance_id].address, sub)
         return True
@@ -632,7 +597,7 @@ class Coordinator:
         h.error_status = 503
         self.failed_requests += 1
         self._wire.pop(h.wire_id, None)
-        h.queue.put(TokenOut(request_id=h.request_id, tokens=(), finished=True, finish_reason="error", error=reason))
+        h.deliver(TokenOut(request_id=h.request_id, tokens=(), finished=True, finish_reason="error", error=reason))
 
     def _on_token(self, msg: TokenOut) -> None:
         with self._lock:
@@ -649,7 +614,7 @@ class Coordinator:
                 del self._wire[msg.request_id]
                 if msg.error:
                     self.failed_requests += 1
-        h.queue.put(msg)
+        h.deliver(msg)
 
     def tokens(self, h: RequestHandle, timeout_s: float) -> Any:
         """Yield each :class:`TokenOut` of a request until it finishes.
@@ -680,8 +645,13 @@ class Coordinator:
             if msg.finished:
                 return
 
-    def close(self, h: RequestHandle, status: str) -> None:
-        """Forget a request and account it in the metrics (an unfinished one is cancelled upstream)."""
+    def close(self, h: RequestHandle, status: str = "ok") -> None:
+        """Forget a request (an unfinished one is cancelled upstream).
+
+        Args:
+            h: the request.
+            status: why it ends (``ok``, ``error``, ``abort``), for the log.
+        """
         with self._lock:
             self._handles.pop(h.request_id, None)
             if not h.done:
@@ -689,5 +659,5 @@ class Coordinator:
                 self._cancel_attempt(h)
                 if h in self._parked:
                     self._parked.remove(h)
-        self.metrics.finish(h, status)
+                log.debug("coordinator: %s closed before it finished (%s)", h.request_id, status)
 

@@ -25,6 +25,7 @@ from coral.runtime.protocol import (
     KvPush,
     KvSend,
     Release,
+    SamplingParams,
     Shutdown,
     TensorBlob,
     TokenItem,
@@ -91,19 +92,30 @@ class EngineNode:
             self.layer_start, self.layer_end = shard.spec.layer_start, shard.spec.layer_end
             self.is_first, self.is_last = shard.spec.is_first, shard.spec.is_last
         self.caches: dict[str, Any] = {}
+        #: last stage: each request's tokens so far (prompt, then output), kept only for
+        #: requests whose sampling has a penalty
+        self.histories: dict[str, list[int]] = {}
+        if self.is_last:
+            # the sampler needs torch even behind a no-op shard: import it now, not under the
+            # first batch (seconds on a busy host, longer than the scheduler's heartbeat timeout)
+            import coral.runtime.sampling  # noqa: F401
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_beat = 0.0
         self._scheduler_seen = time.monotonic()
+        self._heard = False  # a heartbeat from the scheduler has arrived
 
     def _beat(self) -> None:
         now = time.monotonic()
         if now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
             self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=len(self.caches)))
-        if self.heartbeat_timeout_s and now - self._scheduler_seen > self.heartbeat_timeout_s:
+        # before the scheduler's first heartbeat, allow for its start-up (a fresh process
+        # importing its libraries takes seconds on a busy host; engines fork ready-made)
+        limit = self.heartbeat_timeout_s if self._heard else max(30.0, 10 * self.heartbeat_timeout_s)
+        if self.heartbeat_timeout_s and now - self._scheduler_seen > limit:
             log.warning("engine %s/%d/%d: scheduler silent for %.1f s; exiting", self.instance_id, self.stage, self.node_index, now - self._scheduler_seen)
             self.stop_event.set()
 
@@ -142,12 +154,14 @@ class EngineNode:
         elif isinstance(msg, Release):
             for rid in msg.request_ids:
                 self.caches.pop(rid, None)
+                self.histories.pop(rid, None)
         elif isinstance(msg, KvSend):
             self._kv_send(msg)
         elif isinstance(msg, KvPush):
             self._kv_push(msg)
         elif isinstance(msg, Heartbeat):
             self._scheduler_seen = time.monotonic()
+            self._heard = True
         elif isinstance(msg, Shutdown):
             return False
         else:
@@ -170,19 +184,37 @@ class EngineNode:
         hidden = None if item.hidden is None else item.hidden.to_torch()
         return self.shard.forward(cache, item.position, item.token_ids if self.is_first else None, hidden)
 
+    def _noop_logits(self, item: BatchItem) -> Any:
+        """A stand-in shard's logits: token ``3 + (position + step) % 250`` far ahead of the rest."""
+        import torch
+
+        logits = torch.zeros(256)
+        logits[3 + (item.position + item.step) % 250] = 30.0
+        return logits
+
+    def _history(self, item: BatchItem, params: SamplingParams) -> list[int]:
+        """The request's tokens so far as this last stage has seen them fed (for penalties)."""
+        if not params.needs_history:
+            return []
+        hist = self.histories.get(item.request_id)
+        if hist is None:
+            hist = self.histories[item.request_id] = list(item.history)
+        hist.extend(item.token_ids)
+        return hist
+
     def _forward(self, msg: ForwardBatch) -> None:
-        from coral.runtime.model import sample
+        from coral.runtime.sampling import sample_batch
 
         done: list[TokenItem] = []
         onward: dict[str, list[BatchItem]] = defaultdict(list)
         errors: list[str] = []
+        to_sample: list[tuple[BatchItem, Any]] = []
         self.items_served += len(msg.items)
         for item in msg.items:
             try:
                 out = self._run_item(item)
                 if self.is_last:
-                    tok = 3 + (item.position + item.step) % 250 if self.noop else sample(out, item.temperature, item.seed, item.step)
-                    done.append(TokenItem(request_id=item.request_id, token=tok))
+                    to_sample.append((item, self._noop_logits(item) if self.noop else out))
                 else:
                     blob = out if self.noop else TensorBlob.from_torch(out)
                     if blob is None:
@@ -190,6 +222,7 @@ class EngineNode:
                     nxt = BatchItem(
                         request_id=item.request_id, position=item.position, token_ids=item.token_ids,
                         hidden=blob, route=item.route, temperature=item.temperature, seed=item.seed, step=item.step,
+                        sampling=item.sampling, history=item.history,
                     )  # fmt: skip
                     onward[item.route[self.stage + 1]].append(nxt)
             except Exception as e:  # report per request, keep serving the others
@@ -197,6 +230,23 @@ class EngineNode:
                 self.caches.pop(item.request_id, None)
                 errors.append(f"{item.request_id}: {e}")
                 done.append(TokenItem(request_id=item.request_id, token=-1))
+        if to_sample:
+            import torch
+
+            # one sampling call over the batch's [B, V] logits, each row with its own parameters
+            params = [it.sampling or SamplingParams(temperature=it.temperature, seed=it.seed) for it, _ in to_sample]
+            hists = [self._history(it, p) for (it, _), p in zip(to_sample, params, strict=True)]
+            width = max(int(lg.shape[-1]) for _, lg in to_sample)
+            rows = [torch.nn.functional.pad(lg.float(), (0, width - int(lg.shape[-1])), value=float("-inf")) for _, lg in to_sample]
+            try:
+                picks = sample_batch(torch.stack(rows), params, [it.step for it, _ in to_sample], hists)
+                for (it, _), pick in zip(to_sample, picks, strict=True):
+                    done.append(TokenItem(request_id=it.request_id, token=pick.token, logprob=pick.logprob, top_logprobs=pick.top))
+            except Exception as e:
+                log.exception("engine: sampling failed")
+                for it, _ in to_sample:
+                    errors.append(f"{it.request_id}: sampling failed: {e}")
+                    done.append(TokenItem(request_id=it.request_id, token=-1))
         for addr, items in onward.items():
             self.t.send(addr, ForwardBatch(batch_id=msg.batch_id, reply_to=msg.reply_to, items=tuple(items)))
         if done:

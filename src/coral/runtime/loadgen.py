@@ -1,21 +1,21 @@
 """``coral bench``: replay a trace or Poisson load against any OpenAI-compatible server and report like ``vllm bench serve``.
 
-Each request is a streaming ``/v1/completions`` call (token-id prompt, ``ignore_eos`` so the
-output length is the trace's), timed on arrival of each chunk: TTFT (first token), ITL
-(gaps between chunks), TPOT ((E2EL - TTFT) / (output tokens - 1)) and E2EL. Concurrency is
-bounded (``--max-concurrency``): an arrival waits for a free slot, as in vLLM's tool.
-Every request sent is accounted for: ``sent = completed + failed``.
+One async load generator (httpx on asyncio) for ``coral bench``, the lifecycle soak and the
+fidelity experiment. Each request is a streaming ``/v1/completions`` call (token-id prompt,
+``ignore_eos`` so the output length is the trace's), timed on arrival of each chunk: TTFT
+(first token), ITL (gaps between chunks), TPOT ((E2EL - TTFT) / (output tokens - 1)) and
+E2EL. Concurrency is bounded (``--max-concurrency``; 0 = open loop): an arrival waits for
+a free slot, as in vLLM's tool, and the connection pool holds one kept-alive connection
+per slot. Every request sent is accounted for: ``sent = completed + failed``.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import math
 import sys
-import threading
 import time
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,12 +23,12 @@ from typing import Any
 import click
 import numpy as np
 
-__all__ = ["BenchReport", "RequestResult", "bench_serve", "one_request", "run_bench", "workload"]
+__all__ = ["BenchReport", "RequestResult", "bench_serve", "one_request", "replay", "run_bench", "server_max_context", "workload"]
 
 
 @dataclass(slots=True)
 class RequestResult:
-    """One request's outcome and timings (seconds)."""
+    """One request's outcome and timings (seconds; ``*_at_s`` from the replay's start)."""
 
     ok: bool
     prompt_tokens: int
@@ -38,6 +38,139 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
     status: int = 0
+    sent_at_s: float = math.nan
+    first_at_s: float = math.nan
+    last_at_s: float = math.nan
+
+
+_SSL: list[Any] = []
+
+
+def _client(max_connections: int, timeout_s: float) -> Any:
+    import ssl
+
+    import httpx
+
+    if not _SSL:  # building the default context (the CA bundle) costs ~25 ms of CPU: once per process
+        _SSL.append(ssl.create_default_context())
+    n = max(1, max_connections)
+    return httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+        timeout=httpx.Timeout(timeout_s, connect=timeout_s, pool=None), verify=_SSL[0],
+    )  # fmt: skip
+
+
+async def _stream_one(
+    client: Any, url: str, model: str, prompt: Sequence[int], max_tokens: int, *,
+    api_key: str | None, ignore_eos: bool, t0: float,
+) -> RequestResult:  # fmt: skip
+    import httpx
+
+    body: dict[str, Any] = {
+        "model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+        "stream_options": {"include_usage": True},
+    }  # fmt: skip
+    if ignore_eos:
+        body["ignore_eos"] = True
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    res = RequestResult(ok=False, prompt_tokens=len(prompt))
+    start = time.perf_counter()
+    res.sent_at_s = start - t0
+    last = start
+    chunks = 0
+    usage_tokens = -1
+    try:
+        async with client.stream("POST", url.rstrip("/") + "/v1/completions", content=json.dumps(body), headers=headers) as r:
+            res.status = r.status_code
+            if r.status_code != 200:
+                text = (await r.aread())[:2000].decode("utf-8", "replace")
+                res.error = f"HTTP {r.status_code}: {text}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                ev = json.loads(payload)
+                if "error" in ev:
+                    res.error = str(ev["error"].get("message", ev["error"]))
+                    return res
+                if ev.get("usage"):
+                    usage_tokens = int(ev["usage"].get("completion_tokens", -1))
+                choices = ev.get("choices") or []
+                if not choices or not (choices[0].get("text") or choices[0].get("token_ids")):
+                    continue
+                now = time.perf_counter()
+                if chunks == 0:
+                    res.ttft_s = now - start
+                    res.first_at_s = now - t0
+                else:
+                    res.itl_s.append(now - last)
+                last = now
+                res.last_at_s = now - t0
+                chunks += 1
+                res.output_tokens += len(choices[0].get("token_ids") or [0])
+        res.e2el_s = time.perf_counter() - start
+        if usage_tokens >= 0:
+            res.output_tokens = usage_tokens
+        res.ok = chunks > 0
+        if not res.ok:
+            res.error = "no token in the stream"
+    except (httpx.HTTPError, OSError, ValueError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def replay_async(
+    url: str, model: str, arrival_s: Sequence[float] | np.ndarray, prompts: Sequence[Sequence[int]],
+    output_tokens: Sequence[int] | np.ndarray, *, api_key: str | None = None, max_concurrency: int = 64,
+    timeout_s: float = 120.0, ignore_eos: bool = True,
+) -> tuple[list[RequestResult], float]:  # fmt: skip
+    """Send request ``i`` at ``arrival_s[i]`` (waiting for a free slot) and time its stream.
+
+    Args:
+        url: the server's base URL.
+        model: the model name.
+        arrival_s: send times from the start, seconds (sorted).
+        prompts: token ids per request.
+        output_tokens: ``max_tokens`` per request.
+        api_key: bearer token, if the server needs one.
+        max_concurrency: requests in flight at most; 0 = no bound (open loop).
+        timeout_s: per-request timeout (connect, and each read).
+        ignore_eos: ask for exactly the output length.
+
+    Returns:
+        (every request's result in order, the wall time of the whole replay).
+    """
+    n = len(prompts)
+    bound = max_concurrency if max_concurrency > 0 else max(1, n)
+    slots = asyncio.Semaphore(bound)
+    t0 = time.perf_counter()
+    async with _client(bound, timeout_s) as client:
+
+        async def one(i: int) -> RequestResult:
+            try:
+                return await asyncio.wait_for(
+                    _stream_one(client, url, model, prompts[i], int(output_tokens[i]), api_key=api_key, ignore_eos=ignore_eos, t0=t0),
+                    timeout_s * 4,
+                )  # fmt: skip
+            except TimeoutError:
+                return RequestResult(ok=False, prompt_tokens=len(prompts[i]), error="no answer in time")
+            finally:
+                slots.release()
+
+        tasks = []
+        for i in range(n):
+            delay = t0 + float(arrival_s[i]) - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await slots.acquire()
+            tasks.append(asyncio.create_task(one(i)))
+        results = list(await asyncio.gather(*tasks))
+    return results, time.perf_counter() - t0
 
 
 def one_request(
@@ -50,7 +183,7 @@ def one_request(
     timeout_s: float = 120.0,
     ignore_eos: bool = True,
 ) -> RequestResult:
-    """Send one streaming completion and time it.
+    """Send one streaming completion and time it (a blocking wrapper of the async client).
 
     Args:
         url: the server's base URL (``http://host:port``).
@@ -58,70 +191,50 @@ def one_request(
         prompt: token ids.
         max_tokens: tokens to generate.
         api_key: sent as a bearer token if given.
-        timeout_s: socket timeout.
+        timeout_s: connect / read timeout.
         ignore_eos: ask for exactly ``max_tokens`` tokens.
 
     Returns:
         The result; never raises for server or network errors (they are the result's error).
     """
-    u = urllib.parse.urlsplit(url)
-    body: dict[str, Any] = {
-        "model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-        "stream_options": {"include_usage": True},
-    }  # fmt: skip
-    if ignore_eos:
-        body["ignore_eos"] = True
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    res = RequestResult(ok=False, prompt_tokens=len(prompt))
-    t0 = time.perf_counter()
-    last = t0
-    chunks = 0
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=timeout_s)
+    results, _ = asyncio.run(replay_async(url, model, [0.0], [list(prompt)], [max_tokens], api_key=api_key,
+                                          max_concurrency=1, timeout_s=timeout_s, ignore_eos=ignore_eos))  # fmt: skip
+    return results[0]
+
+
+def replay(
+    url: str, model: str, arrival_s: Sequence[float] | np.ndarray, prompts: Sequence[Sequence[int]],
+    output_tokens: Sequence[int] | np.ndarray, **kw: Any,
+) -> list[RequestResult]:  # fmt: skip
+    """Blocking :func:`replay_async` (same arguments); returns the results only."""
+    return asyncio.run(replay_async(url, model, arrival_s, prompts, output_tokens, **kw))[0]
+
+
+def server_max_context(url: str, model: str, api_key: str | None = None, timeout_s: float = 10.0) -> int | None:
+    """The model's ``max_model_len`` from the server's ``GET /v1/models`` (None if it does not say).
+
+    Raises:
+        click.ClickException: if the server cannot be reached or does not serve ``model``.
+    """
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        conn.request("POST", (u.path.rstrip("/") or "") + "/v1/completions", json.dumps(body), headers)
-        r = conn.getresponse()
-        res.status = r.status
-        if r.status != 200:
-            res.error = f"HTTP {r.status}: {r.read(2000).decode('utf-8', 'replace')}"
-            return res
-        usage_tokens = -1
-        for raw in r:
-            line = raw.strip()
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                break
-            ev = json.loads(payload)
-            if "error" in ev:
-                res.error = str(ev["error"].get("message", ev["error"]))
-                return res
-            if ev.get("usage"):
-                usage_tokens = int(ev["usage"].get("completion_tokens", -1))
-            choices = ev.get("choices") or []
-            if not choices or not (choices[0].get("text") or choices[0].get("token_ids")):
-                continue
-            now = time.perf_counter()
-            if chunks == 0:
-                res.ttft_s = now - t0
-            else:
-                res.itl_s.append(now - last)
-            last = now
-            chunks += 1
-            res.output_tokens += len(choices[0].get("token_ids") or [0])
-        res.e2el_s = time.perf_counter() - t0
-        if usage_tokens >= 0:
-            res.output_tokens = usage_tokens
-        res.ok = chunks > 0
-        if not res.ok:
-            res.error = "no token in the stream"
-    except (OSError, http.client.HTTPException, ValueError) as e:
-        res.error = f"{type(e).__name__}: {e}"
-    finally:
-        conn.close()
-    return res
+        r = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise click.ClickException(f"cannot reach {url}/v1/models: {e}") from None
+    if r.status_code != 200:
+        raise click.ClickException(f"{url}/v1/models answered HTTP {r.status_code}: {r.text[:200]}")
+    try:
+        cards = r.json()["data"]
+    except (ValueError, KeyError, TypeError):
+        raise click.ClickException(f"{url}/v1/models did not return a model list") from None
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model), None)
+    if card is None:
+        served = ", ".join(str(c.get("id")) for c in cards if isinstance(c, dict)) or "(none)"
+        raise click.ClickException(f"the server does not serve model {model!r}; it serves: {served} (--model)")
+    ctx = card.get("max_model_len")
+    return int(ctx) if isinstance(ctx, int) and ctx > 1 else None
 
 
 def workload(
@@ -247,7 +360,7 @@ def run_bench(
         arrival_s: send times from the start, seconds (sorted).
         prompt_tokens, output_tokens: lengths per request.
         api_key: bearer token, if the server needs one.
-        max_concurrency: requests in flight at most (later arrivals wait for a slot).
+        max_concurrency: requests in flight at most (later arrivals wait for a slot); 0 = no bound.
         goodput_ms: SLOs, e.g. ``{"ttft": 500, "tpot": 50}``; a request counts for goodput
             if it meets all of them.
         timeout_s: per-request socket timeout.
@@ -259,31 +372,10 @@ def run_bench(
         (the report, every request's result).
     """
     rng = np.random.default_rng(seed)
-    n = len(arrival_s)
-    results: list[RequestResult | None] = [None] * n
-    slots = threading.Semaphore(max(1, max_concurrency))
-    threads: list[threading.Thread] = []
-
-    def worker(i: int, prompt: list[int], out: int) -> None:
-        try:
-            results[i] = one_request(url, model, prompt, out, api_key=api_key, timeout_s=timeout_s, ignore_eos=ignore_eos)
-        finally:
-            slots.release()
-
-    t0 = time.perf_counter()
-    for i in range(n):
-        delay = t0 + float(arrival_s[i]) - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        slots.acquire()
-        prompt = rng.integers(3, max(4, vocab), size=int(prompt_tokens[i])).tolist()
-        th = threading.Thread(target=worker, args=(i, prompt, int(output_tokens[i])), daemon=True)
-        th.start()
-        threads.append(th)
-    for th in threads:
-        th.join(timeout=timeout_s + 5)
-    duration = time.perf_counter() - t0
-    done = [r if r is not None else RequestResult(ok=False, prompt_tokens=int(prompt_tokens[i]), error="no answer in time") for i, r in enumerate(results)]
+    prompts = [rng.integers(3, max(4, vocab), size=int(p)).tolist() for p in prompt_tokens]
+    done, duration = asyncio.run(replay_async(url, model, arrival_s, prompts, output_tokens, api_key=api_key,
+                                              max_concurrency=max_concurrency, timeout_s=timeout_s, ignore_eos=ignore_eos))  # fmt: skip
+    n = len(done)
     ok = [r for r in done if r.ok]
     tpots = [(r.e2el_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
     stats = {
@@ -338,10 +430,10 @@ def parse_goodput(items: Sequence[str]) -> dict[str, float]:
 @click.option("--rate", type=float, default=None, help="Poisson arrival rate (req/s) when there is no trace.")
 @click.option("--duration-s", type=float, required=True, help="Window to replay / generate, seconds.")
 @click.option("--goodput", multiple=True, help="SLOs in ms, e.g. --goodput 'ttft:500 tpot:50'.")
-@click.option("--max-concurrency", type=int, default=64, show_default=True, help="Requests in flight at most.")
+@click.option("--max-concurrency", type=click.IntRange(min=0), default=64, show_default=True, help="Requests in flight at most (0 = no bound).")
 @click.option("--prompt-tokens", type=int, default=32, show_default=True, help="Mean prompt length (Poisson load).")
 @click.option("--output-tokens", type=int, default=16, show_default=True, help="Mean output length (Poisson load).")
-@click.option("--max-context", type=int, default=None, help="Clip prompt + output to this many tokens.")
+@click.option("--max-context", type=int, default=None, help="Clip prompt + output to this many tokens (default: the model's max_model_len from the server's /v1/models).")
 @click.option("--vocab", type=int, default=256, show_default=True, help="Prompt token ids are drawn from [3, vocab).")
 @click.option("--api-key", envvar="OPENAI_API_KEY", default=None, help="Bearer key (default $OPENAI_API_KEY).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed of arrivals, lengths and prompts.")
@@ -358,6 +450,8 @@ def bench_serve(
     if (trace is None) == (rate is None):
         raise click.UsageError("give exactly one of --trace and --rate")
     slo = parse_goodput(goodput)
+    if max_context is None:
+        max_context = server_max_context(url, model, api_key)
     try:
         arrival, prompt, output = workload(
             trace=trace, rate_per_s=rate, duration_s=duration_s, seed=seed, prompt_tokens=prompt_tokens,

@@ -1,25 +1,28 @@
-"""Every message the runtime's processes exchange, and their msgpack encoding (never pickle).
+"""Every message the runtime's processes exchange, and their wire encoding (msgspec msgpack, never pickle).
 
-A message is a frozen dataclass registered here. On the wire it is a msgpack map
-``{"@": tag, field: value, ...}``; nested messages are maps of the same shape, tuples are
-arrays, tensors are :class:`TensorBlob` (dtype name, shape, raw little-endian bytes).
-:func:`decode` checks the tag, the field names and every field's type against the
-dataclass annotations, and raises :class:`ProtocolError` on anything else, so a malformed
-or hostile message never reaches a handler.
+A message is a frozen :class:`msgspec.Struct`; the top-level messages form one tagged union
+(the tag is the class name, in field ``"@"``), decoded by one typed msgspec decoder that
+checks the tag, the field names and every field's type, so a malformed or hostile message
+raises :class:`ProtocolError` and never reaches a handler.
+
+A message travels as a list of frames (ZeroMQ multipart): frame 0 is the msgpack body;
+every tensor of at least :data:`INLINE_TENSOR_BYTES` is a msgpack extension in the body
+(dtype, shape, frame index) and its bytes are a frame of their own, sent and received
+without a copy (a received :class:`TensorBlob` is a view on the frame). Smaller tensors
+are inlined, where a frame would cost more than the copy (vLLM's engine core does the same).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from dataclasses import dataclass
-from typing import Any
+import threading
+from collections.abc import Sequence
+from typing import Any, Union
 
-import msgpack
+import msgspec
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "INLINE_TENSOR_BYTES",
     "BatchItem",
     "Cancel",
     "DecodeAdmit",
@@ -27,6 +30,7 @@ __all__ = [
     "EngineHello",
     "ForwardBatch",
     "ForwardResult",
+    "Frames",
     "Heartbeat",
     "InstanceHello",
     "KvLoaded",
@@ -37,11 +41,14 @@ __all__ = [
     "Message",
     "ProtocolError",
     "Release",
+    "SamplingParams",
     "Shutdown",
     "Submit",
     "TensorBlob",
     "TokenItem",
+    "TokenLogprob",
     "TokenOut",
+    "TopLogprob",
     "decode",
     "encode",
 ]
@@ -49,63 +56,78 @@ __all__ = [
 #: Messages larger than this are rejected by every transport (a KV push of a long prompt
 #: of a large model is the biggest legitimate message; raise it for such deployments).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+#: Tensors smaller than this travel inside the body; larger ones in their own frame.
+INLINE_TENSOR_BYTES = 1024
 
-_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
+_WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
+_DTYPES = tuple(_WIDTH)
+_TENSOR_EXT = 1
+
+#: What a transport carries: the body and the tensor frames.
+Frames = Sequence[bytes | bytearray | memoryview]
 
 
 class ProtocolError(ValueError):
     """A message that cannot be decoded: bad msgpack, unknown tag, wrong fields or types."""
 
 
-_REGISTRY: dict[str, type] = {}
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _message(cls: type) -> type:
-    """Register a frozen dataclass as a wire message under its class name."""
-    _REGISTRY[cls.__name__] = cls
-    return cls
+class _Msg(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="@", tag=True):
+    """Base of every wire struct: frozen, keyword-only, unknown fields refused, tagged by class name."""
 
 
 # ---------------------------------------------------------------------------- values
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
 class TensorBlob:
-    """A tensor on the wire: dtype name, shape and the raw bytes (C order, native little-endian)."""
+    """A tensor on the wire: dtype name, shape and the raw bytes (C order, native little-endian).
 
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes
+    ``data`` may be a read-only view on a received frame (no copy); :meth:`to_torch` on the
+    CPU returns a tensor sharing that memory, which callers must not modify in place.
+    """
 
-    def __post_init__(self) -> None:
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"unsupported tensor dtype {self.dtype!r}; supported: {', '.join(_DTYPES)}")
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"negative dimension in shape {self.shape}")
+    __slots__ = ("data", "dtype", "shape")
+
+    def __init__(self, *, dtype: str, shape: tuple[int, ...], data: bytes | bytearray | memoryview) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"unsupported tensor dtype {dtype!r}; supported: {', '.join(_DTYPES)}")
+        shape = tuple(shape)
+        if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in shape):
+            raise ValueError(f"bad dimension in shape {shape}")
         n = 1
-        for d in self.shape:
+        for d in shape:
             n *= d
-        width = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}[self.dtype]
-        if n * width != len(self.data):
-            raise ValueError(f"tensor of shape {self.shape} and dtype {self.dtype} needs {n * width} bytes, got {len(self.data)}")
+        size = memoryview(data).nbytes
+        if n * _WIDTH[dtype] != size:
+            raise ValueError(f"tensor of shape {shape} and dtype {dtype} needs {n * _WIDTH[dtype]} bytes, got {size}")
+        self.dtype, self.shape, self.data = dtype, shape, data
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorBlob):
+            return NotImplemented
+        return (self.dtype, self.shape) == (other.dtype, other.shape) and memoryview(self.data).cast("B") == memoryview(other.data).cast("B")
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"TensorBlob(dtype={self.dtype!r}, shape={self.shape})"
 
     @staticmethod
     def from_torch(t: Any) -> TensorBlob:
-        """Copy a torch tensor into a blob.
+        """Wrap a torch tensor (a CPU contiguous one without a copy).
 
         Args:
             t: any torch tensor of a supported dtype, on any device.
 
         Returns:
-            The blob holding a contiguous CPU copy of ``t``.
+            The blob; its bytes are a view on a contiguous CPU tensor (copied from the device if needed).
         """
         import torch
 
         c = t.detach().to("cpu").contiguous()
         name = str(c.dtype).removeprefix("torch.")
-        return TensorBlob(dtype=name, shape=tuple(c.shape), data=c.view(torch.uint8).numpy().tobytes())
+        if c.numel() == 0:
+            return TensorBlob(dtype=name, shape=tuple(c.shape), data=b"")
+        return TensorBlob(dtype=name, shape=tuple(c.shape), data=memoryview(c.view(torch.uint8).reshape(-1).numpy()))
 
     def to_torch(self, device: str = "cpu") -> Any:
         """Rebuild the torch tensor.
@@ -114,20 +136,66 @@ class TensorBlob:
             device: where to put it.
 
         Returns:
-            A new tensor (it owns its memory).
+            On the CPU, a tensor over the blob's memory (no copy; do not modify it in place);
+            elsewhere, a copy on ``device``.
         """
+        import warnings
+
         import torch
 
         dt = getattr(torch, self.dtype)
-        if not self.data:
+        if memoryview(self.data).nbytes == 0:
             return torch.empty(self.shape, dtype=dt, device=device)
-        raw = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only frame memory: we never write to it
+            raw = torch.frombuffer(self.data, dtype=torch.uint8)
         return raw.view(dt).reshape(self.shape).to(device)
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BatchItem:
+class SamplingParams(_Msg, frozen=True):
+    """How the last stage picks a request's tokens (see :mod:`coral.runtime.sampling`)."""
+
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    logprobs: int = -1  # -1 = none; k >= 0 = the sampled token's logprob and the top k
+    min_tokens: int = 0
+    stop_ids: tuple[int, ...] = ()  # masked until min_tokens are out
+    prompt_len: int = 0  # the original prompt's length: tokens after it are the output
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and 0 < self.top_p <= 1 and 0 <= self.min_p <= 1 and self.repetition_penalty > 0):
+            raise ValueError("temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1 and repetition_penalty > 0 are required")
+        if self.top_k < 0 or self.logprobs < -1 or self.min_tokens < 0 or self.prompt_len < 0:
+            raise ValueError("top_k, min_tokens and prompt_len must be >= 0; logprobs >= -1")
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether the sampler needs the sequence's tokens (a penalty is on)."""
+        return self.repetition_penalty != 1.0 or bool(self.frequency_penalty) or bool(self.presence_penalty)
+
+
+class TopLogprob(_Msg, frozen=True):
+    """One alternative token and its log-probability."""
+
+    token: int
+    logprob: float
+
+
+class TokenLogprob(_Msg, frozen=True):
+    """A generated token's log-probability and the most likely alternatives at its step."""
+
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+class BatchItem(_Msg, frozen=True):
     """One request's slice of a micro-batch, as it travels through the pipeline.
 
     The first stage gets ``token_ids`` (the prompt on prefill, one token on decode); later
@@ -142,20 +210,23 @@ class BatchItem:
     temperature: float
     seed: int
     step: int  # index of the token being produced (0 = first token), seeds the sampler
+    #: the full sampling parameters (None = temperature and seed above, nothing else)
+    sampling: SamplingParams | None = None
+    #: tokens already in the sequence that this route has not seen fed (a decode hand-off
+    #: sends the prompt and earlier output once, for the sampler's penalties)
+    history: tuple[int, ...] = ()
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenItem:
+class TokenItem(_Msg, frozen=True):
     """One sampled token for one request, from the last stage."""
 
     request_id: str
     token: int
+    logprob: float = 0.0
+    top_logprobs: tuple[TopLogprob, ...] = ()
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvTarget:
+class KvTarget(_Msg, frozen=True):
     """A decode node that should receive a layer range of one request's KV cache."""
 
     address: str
@@ -163,9 +234,7 @@ class KvTarget:
     layer_end: int
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvSource:
+class KvSource(_Msg, frozen=True):
     """A prefill node that holds a layer range of one request's KV cache."""
 
     address: str
@@ -176,9 +245,7 @@ class KvSource:
 # -------------------------------------------------------------------------- messages
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EngineHello:
+class EngineHello(_Msg, frozen=True):
     """Engine -> scheduler: the node is up, its layers are loaded, it takes work."""
 
     instance_id: str
@@ -189,9 +256,7 @@ class EngineHello:
     layer_end: int
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ForwardBatch:
+class ForwardBatch(_Msg, frozen=True):
     """Scheduler or previous stage -> engine: run these items through your layers."""
 
     batch_id: int
@@ -199,9 +264,7 @@ class ForwardBatch:
     items: tuple[BatchItem, ...]
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ForwardResult:
+class ForwardResult(_Msg, frozen=True):
     """Last stage -> scheduler: sampled tokens for (part of) a micro-batch."""
 
     batch_id: int
@@ -209,17 +272,13 @@ class ForwardResult:
     error: str = ""
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Release:
+class Release(_Msg, frozen=True):
     """Scheduler -> engine: drop these requests' KV caches."""
 
     request_ids: tuple[str, ...]
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvSend:
+class KvSend(_Msg, frozen=True):
     """Decode scheduler -> prefill engine: push your part of a request's KV to these nodes, then drop it."""
 
     request_id: str
@@ -227,9 +286,7 @@ class KvSend:
     notify: str  # the decode scheduler, told by each receiving node what it loaded
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvPush:
+class KvPush(_Msg, frozen=True):
     """Prefill engine -> decode engine: KV of global layers [layer_start, layer_start + len(keys))."""
 
     request_id: str
@@ -240,9 +297,7 @@ class KvPush:
     notify: str
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KvLoaded:
+class KvLoaded(_Msg, frozen=True):
     """Decode engine -> decode scheduler: these global layers of a request's KV are in place."""
 
     request_id: str
@@ -251,9 +306,7 @@ class KvLoaded:
     error: str = ""
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Submit:
+class Submit(_Msg, frozen=True):
     """Coordinator -> (prefill) scheduler: serve this request.
 
     ``decode_to`` names the decode instance's scheduler; empty means decode here too.
@@ -267,11 +320,10 @@ class Submit:
     eos_ids: tuple[int, ...]
     reply_to: str
     decode_to: str = ""
+    sampling: SamplingParams | None = None  # None = temperature and seed above, nothing else
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecodeAdmit:
+class DecodeAdmit(_Msg, frozen=True):
     """Prefill scheduler -> decode scheduler: continue this request; its KV sits on ``sources``."""
 
     submit: Submit
@@ -279,9 +331,7 @@ class DecodeAdmit:
     sources: tuple[KvSource, ...]
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TokenOut:
+class TokenOut(_Msg, frozen=True):
     """Scheduler -> coordinator: new tokens of a request, and whether it has ended."""
 
     request_id: str
@@ -291,11 +341,13 @@ class TokenOut:
     error: str = ""
     #: the instance failed under the request (not the request's fault): the coordinator may retry it elsewhere
     retryable: bool = False
+    #: one entry per token when the request asked for logprobs
+    logprobs: tuple[TokenLogprob, ...] = ()
+    #: seconds the request waited in the scheduler before its first forward pass (on its first TokenOut)
+    queue_s: float = 0.0
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InstanceHello:
+class InstanceHello(_Msg, frozen=True):
     """Scheduler -> coordinator: the instance (all its nodes) is up and takes traffic."""
 
     instance_id: str
@@ -306,9 +358,7 @@ class InstanceHello:
     address: str
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Heartbeat:
+class Heartbeat(_Msg, frozen=True):
     """Liveness, every ``heartbeat_s``: engine <-> scheduler, scheduler <-> coordinator.
 
     A scheduler's heartbeat to the coordinator carries its :class:`InstanceHello` (so a
@@ -323,168 +373,150 @@ class Heartbeat:
     in_flight: int = 0
     hello: InstanceHello | None = None
     reason: str = ""  # why a scheduler reports "failed"
+    waiting: int = 0  # of ``in_flight``, requests not yet in a running batch
+    kv_cache_usage: float = 0.0  # fraction of the instance's KV-cache capacity in use (0 to 1)
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Drain:
+class Drain(_Msg, frozen=True):
     """Coordinator -> scheduler: take no new request; finish the ones held (then expect :class:`Shutdown`)."""
 
     reason: str = ""
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Cancel:
+class Cancel(_Msg, frozen=True):
     """Coordinator -> scheduler: drop these requests (retried elsewhere, or the client left); no reply."""
 
     request_ids: tuple[str, ...]
 
 
-@_message
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Shutdown:
+class Shutdown(_Msg, frozen=True):
     """Anyone -> process: stop the main loop and exit."""
 
     reason: str = ""
 
 
-Message = (
-    EngineHello
-    | ForwardBatch
-    | ForwardResult
-    | Release
-    | KvSend
-    | KvPush
-    | KvLoaded
-    | Submit
-    | DecodeAdmit
-    | TokenOut
-    | InstanceHello
-    | Heartbeat
-    | Drain
-    | Cancel
-    | Shutdown
-)
-_TOP_LEVEL: tuple[type, ...] = typing.get_args(Message)
+Message = Union[  # noqa: UP007 - a runtime value (the decoder's type), not only an annotation
+    EngineHello,
+    ForwardBatch,
+    ForwardResult,
+    Release,
+    KvSend,
+    KvPush,
+    KvLoaded,
+    Submit,
+    DecodeAdmit,
+    TokenOut,
+    InstanceHello,
+    Heartbeat,
+    Drain,
+    Cancel,
+    Shutdown,
+]
+_TOP_LEVEL: tuple[type, ...] = Message.__args__  # type: ignore[attr-defined]
 
 
 # -------------------------------------------------------------------------- encoding
 
-
-def _to_wire(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out: dict[str, Any] = {"@": type(obj).__name__}
-        for f in dataclasses.fields(obj):
-            out[f.name] = _to_wire(getattr(obj, f.name))
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [_to_wire(x) for x in obj]
-    return obj
+_local = threading.local()  # the frames of the message being encoded / decoded on this thread
+_packer = msgspec.msgpack.Encoder()
 
 
-def encode(msg: Any) -> bytes:
-    """Encode a top-level message to bytes.
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, TensorBlob):
+        mv = memoryview(obj.data).cast("B")
+        frames: list[Any] = _local.out
+        if mv.nbytes >= INLINE_TENSOR_BYTES:
+            frames.append(mv)
+            ref: Any = len(frames) - 1
+        else:
+            ref = bytes(mv)
+        return msgspec.msgpack.Ext(_TENSOR_EXT, _packer.encode((obj.dtype, obj.shape, ref)))
+    raise TypeError(f"cannot put a {type(obj).__name__} on the wire")
+
+
+_header_decoder = msgspec.msgpack.Decoder(tuple[str, tuple[int, ...], int | bytes])
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    if code != _TENSOR_EXT:
+        raise ValueError(f"unknown msgpack extension {code}")
+    dtype, shape, ref = _header_decoder.decode(data)
+    if isinstance(ref, bytes):
+        payload: Any = ref
+    else:
+        frames = _local.frames
+        if not 1 <= ref < len(frames):
+            raise ValueError(f"tensor frame {ref} missing (message has {len(frames)} frames)")
+        payload = frames[ref]
+        _local.used.add(ref)
+    return TensorBlob(dtype=dtype, shape=shape, data=payload)
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is TensorBlob and isinstance(obj, TensorBlob):
+        return obj
+    raise msgspec.ValidationError(f"expected a tensor, got {type(obj).__name__}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+_decoder = msgspec.msgpack.Decoder(Message, ext_hook=_ext_hook, dec_hook=_dec_hook)
+
+
+def encode(msg: Any) -> list[bytes | memoryview]:
+    """Encode a top-level message to its frames.
 
     Args:
         msg: an instance of one of the message classes.
 
     Returns:
-        The msgpack bytes.
+        ``[body, tensor frames...]``; the tensor frames are views on the tensors' memory
+        (keep them alive until sent).
 
     Raises:
         TypeError: if ``msg`` is not a top-level message.
     """
     if not isinstance(msg, _TOP_LEVEL):
         raise TypeError(f"not a top-level runtime message: {type(msg).__name__}")
-    return msgpack.packb(_to_wire(msg), use_bin_type=True)
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    h = _HINTS.get(cls)
-    if h is None:
-        h = typing.get_type_hints(cls)
-        _HINTS[cls] = h
-    return h
-
-
-def _from_wire(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _from_wire(value, a, where)
-            except ProtocolError as e:
-                errors.append(str(e))
-        raise ProtocolError("; ".join(errors) or f"{where}: bad value")
-    if origin is tuple:
-        if not isinstance(value, list):
-            raise ProtocolError(f"{where}: expected an array, got {type(value).__name__}")
-        (elem, _ellipsis) = typing.get_args(tp)
-        return tuple(_from_wire(v, elem, f"{where}[{i}]") for i, v in enumerate(value))
-    if isinstance(tp, type) and tp in _REGISTRY.values():
-        return _build(value, tp, where)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ProtocolError(f"{where}: expected a number, got {type(value).__name__}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{where}: expected an integer, got {type(value).__name__}")
-        return value
-    if tp in (str, bytes, bool):
-        if type(value) is not tp:
-            raise ProtocolError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-        return value
-    raise ProtocolError(f"{where}: unsupported field type {tp!r}")  # pragma: no cover - schema bug
-
-
-def _build(value: Any, cls: type, where: str) -> Any:
-    if not isinstance(value, dict):
-        raise ProtocolError(f"{where}: expected a map, got {type(value).__name__}")
-    tag = value.get("@")
-    if tag != cls.__name__:
-        raise ProtocolError(f"{where}: expected a {cls.__name__}, got tag {tag!r}")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    extra = set(value) - names - {"@"}
-    if extra:
-        raise ProtocolError(f"{where}: unknown fields {sorted(map(str, extra))} in {cls.__name__}")
-    kwargs = {k: _from_wire(v, hints[k], f"{where}.{k}") for k, v in value.items() if k != "@"}
+    frames: list[bytes | memoryview] = [b""]
+    _local.out = frames
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise ProtocolError(f"{where}: bad {cls.__name__}: {e}") from None
+        frames[0] = _encoder.encode(msg)
+    finally:
+        _local.out = None
+    return frames
 
 
-def decode(data: bytes, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
+def decode(frames: bytes | bytearray | memoryview | Frames, max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
     """Decode and validate a top-level message.
 
     Args:
-        data: the bytes received.
-        max_bytes: reject anything larger.
+        frames: the frames received (or one bytes object: a message without tensor frames).
+        max_bytes: reject anything larger (all frames together).
 
     Returns:
-        The message dataclass.
+        The message struct; its tensors are views on ``frames``.
 
     Raises:
-        ProtocolError: if the bytes are too large, not msgpack, or not a valid message.
+        ProtocolError: if the frames are too large, not msgpack, or not a valid message.
     """
-    if len(data) > max_bytes:
-        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
+    parts: Frames = [frames] if isinstance(frames, (bytes, bytearray, memoryview)) else frames
+    if not parts:
+        raise ProtocolError("empty message (no frames)")
+    total = sum(memoryview(f).nbytes for f in parts)
+    if total > max_bytes:
+        raise ProtocolError(f"message of {total} bytes exceeds the limit of {max_bytes}")
+    _local.frames, _local.used = parts, set()
     try:
-        value = msgpack.unpackb(data, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"not msgpack: {type(e).__name__}: {e}") from None
-    if not isinstance(value, dict) or not isinstance(value.get("@"), str):
-        raise ProtocolError("not a runtime message (no tag)")
-    cls = _REGISTRY.get(value["@"])
-    if cls is None or cls not in _TOP_LEVEL:
-        raise ProtocolError(f"unknown message tag {value['@']!r}")
-    return _build(value, cls, cls.__name__)
+        msg = _decoder.decode(parts[0])
+        unused = set(range(1, len(parts))) - _local.used
+        if unused:
+            raise ProtocolError(f"{len(unused)} frame(s) not referenced by the message")
+        return msg
+    except msgspec.ValidationError as e:
+        raise ProtocolError(f"invalid message: {e}") from None
+    except msgspec.DecodeError as e:
+        raise ProtocolError(f"not msgpack: {e}") from None
+    except (ValueError, TypeError) as e:
+        raise ProtocolError(f"bad message: {e}") from None
+    finally:
+        _local.frames, _local.used = None, None

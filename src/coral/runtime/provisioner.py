@@ -26,7 +26,7 @@ from typing import Any
 from coral.errors import CoralError
 from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
 from coral.runtime.coordinator import Coordinator, ModelInfo
-from coral.runtime.http_api import ApiServer
+from coral.runtime.serving import ApiServer, ServerOptions
 from coral.runtime.transport import CurveKeys, ZmqTransport
 
 __all__ = ["Deployment", "LocalProvisioner", "Provisioner"]
@@ -335,7 +335,7 @@ class Deployment:
         if self.controller is not None:
             self.controller.coordinator = self.coordinator
         if self.api is not None:
-            self.api.httpd.coordinator = self.coordinator
+            self.api.coordinator = self.coordinator
         return self.coordinator
 
     def restart_coordinator(self) -> None:
@@ -372,7 +372,11 @@ class Deployment:
                     missing = sorted(want - set(self.coordinator.instances))  # type: ignore[union-attr]
                     raise CoralError(f"instances not up after {timeout_s:.0f} s: {', '.join(missing)}")
                 time.sleep(0.05)
-            self.api = ApiServer(coord, c.host, self.http_port, c.api_key, admin=self.controller, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes)
+            opts = ServerOptions(
+                api_key=c.api_key, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes, idle_timeout_s=c.idle_timeout_s,
+                header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s, metrics_require_key=c.metrics_require_key,
+            )  # fmt: skip
+            self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts)
             self.api.start()
             self.controller.start()
         except BaseException:

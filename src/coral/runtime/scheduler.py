@@ -50,6 +50,8 @@ from coral.runtime.protocol import (
     Release,
     Shutdown,
     Submit,
+    TokenItem,
+    TokenLogprob,
     TokenOut,
 )
 from coral.runtime.transport import Transport
@@ -81,6 +83,9 @@ class _Req:
     kv_layers: int = 0
     kv_deadline: float = 0.0
     handed_off: bool = False
+    history: tuple[int, ...] = ()  # tokens this route has not been fed (a decode hand-off), sent once
+    t_arrived: float = 0.0
+    queue_s: float = -1.0  # time from arrival to the first batch (-1 = not yet reported)
 
 
 class Scheduler:
@@ -223,6 +228,7 @@ class Scheduler:
             self.t.send(self.coordinator, Heartbeat(
                 sender=self.t.address, role="scheduler", instance_id=self.instance_id, state=self.state,
                 in_flight=len(self.reqs), hello=self._hello_msg() if self.ready else None, reason=self.failed,
+                waiting=len(self.waiting),
             ))  # fmt: skip
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
@@ -292,7 +298,7 @@ class Scheduler:
             # routed here just before the drain (cannot happen with one coordinator): retry elsewhere
             self._finish_error(sub, f"instance {self.instance_id} is {self.state}", retryable=True)
             return
-        r = _Req(submit=sub, pending=sub.prompt)
+        r = _Req(submit=sub, pending=sub.prompt, t_arrived=time.monotonic())
         self.reqs[sub.request_id] = r
         self.waiting.append(sub.request_id)
 
@@ -305,6 +311,7 @@ class Scheduler:
             return
         r = _Req(submit=sub, route=self._pick_route(), position=len(sub.prompt), pending=(msg.generated[-1],))
         r.generated = list(msg.generated)
+        r.history = sub.prompt + msg.generated[:-1]
         r.kv_deadline = time.monotonic() + self.kv_timeout_s
         self.reqs[sub.request_id] = r
         targets = tuple(KvTarget(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
@@ -353,6 +360,8 @@ class Scheduler:
                 if not r.route:
                     r.route = self._pick_route()
                 r.group = g
+                if r.queue_s < 0 and r.t_arrived:
+                    r.queue_s = time.monotonic() - r.t_arrived
                 members.append(r.submit.request_id)
                 tokens += len(r.pending)
             if members:
@@ -366,7 +375,9 @@ class Scheduler:
             item = BatchItem(
                 request_id=rid, position=r.position, token_ids=r.pending, hidden=None, route=r.route,
                 temperature=r.submit.temperature, seed=r.submit.seed, step=len(r.generated),
+                sampling=r.submit.sampling, history=r.history,
             )  # fmt: skip
+            r.history = ()  # the last stage keeps it from now on
             by_node.setdefault(r.route[0], []).append(item)
         for addr, items in by_node.items():
             self.t.send(addr, ForwardBatch(batch_id=bid, reply_to=self.t.address, items=tuple(items)))
@@ -389,13 +400,14 @@ class Scheduler:
             if it.token < 0:
                 self._fail(r, msg.error or "engine error")
                 continue
-            self._advance(r, it.token)
+            self._advance(r, it)
         if not outstanding:
             del self.in_flight[msg.batch_id]
             self.busy[g] = False
 
-    def _advance(self, r: _Req, token: int) -> None:
+    def _advance(self, r: _Req, it: TokenItem) -> None:
         sub = r.submit
+        token = it.token
         r.position += len(r.pending)
         r.pending = (token,)
         r.generated.append(token)
@@ -404,7 +416,14 @@ class Scheduler:
             reason = "stop"
         elif len(r.generated) >= sub.max_tokens:
             reason = "length"
-        self.t.send(sub.reply_to, TokenOut(request_id=sub.request_id, tokens=(token,), finished=bool(reason), finish_reason=reason))
+        want_lp = sub.sampling is not None and sub.sampling.logprobs >= 0
+        queue_s = 0.0
+        if len(r.generated) == 1 and r.queue_s >= 0:
+            queue_s = r.queue_s
+        self.t.send(sub.reply_to, TokenOut(
+            request_id=sub.request_id, tokens=(token,), finished=bool(reason), finish_reason=reason,
+            logprobs=(TokenLogprob(logprob=it.logprob, top=it.top_logprobs),) if want_lp else (), queue_s=queue_s,
+        ))  # fmt: skip
         if reason:
             self._release(r)
             self.completed += 1

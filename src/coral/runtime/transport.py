@@ -2,8 +2,11 @@
 
 Every process owns one inbox (an address others send to) and sends one-way messages to
 other inboxes; replies are ordinary messages to the sender's address, which messages
-carry. The in-process transport still encodes every message with msgpack, so unit tests
-exercise the same wire format as the ZeroMQ one (PUSH/PULL over tcp on 127.0.0.1).
+carry. A message is a list of frames (:func:`coral.runtime.protocol.encode`): the msgpack
+body, then one frame per large tensor. ZeroMQ sends them as one multipart message without
+copying the tensor frames, and receives them without a copy either. The in-process
+transport still encodes every message, so unit tests exercise the same wire format as the
+ZeroMQ one (PUSH/PULL over tcp on 127.0.0.1).
 
 Malformed or oversized messages are logged and dropped by :meth:`Transport.recv`; they
 never raise into the receiving loop.
@@ -27,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from coral.errors import CoralError
-from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, decode, encode
+from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES, Frames, ProtocolError, decode, encode
 
 __all__ = ["CurveKeys", "InprocHub", "InprocTransport", "Transport", "ZmqTransport", "generate_keys"]
 
@@ -141,8 +144,8 @@ class Transport(ABC):
         """
 
     @abstractmethod
-    def _recv_raw(self, timeout_s: float) -> bytes | None:
-        """Wait up to ``timeout_s`` for the next raw message; None on timeout."""
+    def _recv_raw(self, timeout_s: float) -> Frames | None:
+        """Wait up to ``timeout_s`` for the next raw message (its frames); None on timeout."""
 
     @abstractmethod
     def close(self) -> None:
@@ -166,7 +169,8 @@ class Transport(ABC):
                 return decode(raw, self.max_message_bytes)
             except ProtocolError as e:
                 self.rejected += 1
-                log.warning("%s: dropped a bad message (%d bytes): %s", self.address, len(raw), e)
+                size = sum(memoryview(f).nbytes for f in raw)
+                log.warning("%s: dropped a bad message (%d bytes, %d frames): %s", self.address, size, len(raw), e)
             if time.monotonic() >= deadline:
                 return None
 
@@ -175,10 +179,10 @@ class InprocHub:
     """The shared switchboard of in-process transports (one per test)."""
 
     def __init__(self) -> None:
-        self._queues: dict[str, queue.Queue[bytes]] = {}
+        self._queues: dict[str, queue.Queue[Frames]] = {}
         self._lock = threading.Lock()
 
-    def register(self, address: str) -> queue.Queue[bytes]:
+    def register(self, address: str) -> queue.Queue[Frames]:
         """Create the inbox for ``address``.
 
         Raises:
@@ -187,16 +191,16 @@ class InprocHub:
         with self._lock:
             if address in self._queues:
                 raise ValueError(f"in-process address {address!r} already registered")
-            q: queue.Queue[bytes] = queue.Queue()
+            q: queue.Queue[Frames] = queue.Queue()
             self._queues[address] = q
             return q
 
-    def deliver(self, address: str, data: bytes) -> bool:
-        """Put raw bytes in an inbox; False if nobody listens there."""
+    def deliver(self, address: str, frames: Frames) -> bool:
+        """Put a raw message (its frames) in an inbox; False if nobody listens there."""
         q = self._queues.get(address)
         if q is None:
             return False
-        q.put(data)
+        q.put(frames)
         return True
 
     def unregister(self, address: str) -> None:
@@ -218,11 +222,11 @@ class InprocTransport(Transport):
         if not self.hub.deliver(address, encode(msg)):
             log.warning("%s: no in-process inbox at %s; dropped %s", self.address, address, type(msg).__name__)
 
-    def send_raw(self, address: str, data: bytes) -> None:
-        """Deliver arbitrary bytes (for tests of malformed input)."""
-        self.hub.deliver(address, data)
+    def send_raw(self, address: str, data: bytes | Frames) -> None:
+        """Deliver arbitrary bytes or frames (for tests of malformed input)."""
+        self.hub.deliver(address, [data] if isinstance(data, (bytes, bytearray, memoryview)) else data)
 
-    def _recv_raw(self, timeout_s: float) -> bytes | None:
+    def _recv_raw(self, timeout_s: float) -> Frames | None:
         try:
             return self._inbox.get(timeout=timeout_s) if timeout_s > 0 else self._inbox.get_nowait()
         except queue.Empty:
@@ -289,9 +293,10 @@ class ZmqTransport(Transport):
     def send(self, address: str, msg: Any) -> None:  # noqa: D102
         self.send_raw(address, encode(msg))
 
-    def send_raw(self, address: str, data: bytes) -> None:
-        """Send already-encoded bytes (for tests of malformed input and for fan-out)."""
+    def send_raw(self, address: str, data: bytes | Frames) -> None:
+        """Send already-encoded bytes or frames (for tests of malformed input and for fan-out)."""
         zmq = self._zmq
+        frames = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         with self._lock:
             sock = self._push.get(address)
             if sock is None:
@@ -305,14 +310,18 @@ class ZmqTransport(Transport):
                 sock.connect(address)
                 self._push[address] = sock
             try:
-                sock.send(data, flags=zmq.NOBLOCK, copy=len(data) < 65536)
+                # small frames are copied (cheaper than pinning); tensor frames go as they are
+                last = len(frames) - 1
+                for i, f in enumerate(frames):
+                    size = memoryview(f).nbytes
+                    sock.send(f, flags=zmq.NOBLOCK | (zmq.SNDMORE if i < last else 0), copy=size < 65536)
             except zmq.Again:
-                log.warning("%s: peer %s saturated; dropped a %d-byte message", self.address, address, len(data))
+                log.warning("%s: peer %s saturated; dropped a %d-frame message", self.address, address, len(frames))
 
-    def _recv_raw(self, timeout_s: float) -> bytes | None:
+    def _recv_raw(self, timeout_s: float) -> Frames | None:
         events = dict(self._poller.poll(int(timeout_s * 1000)))
         if self._pull in events:
-            return self._pull.recv(copy=True)
+            return [f.buffer for f in self._pull.recv_multipart(copy=False)]
         return None
 
     def close(self) -> None:  # noqa: D102
