@@ -47,3 +47,20 @@ def test_prefill_by_throughput_and_decode_same_region_first() -> None:
     assert "d-us" == d.instance_id  # type: ignore[union-attr]  # falls back across regions
     assert (None, states) == pick_decode([views[0]], "eu", states)
     assert (None, {}) == pick_prefill([views[2]], {})
+
+
+def test_least_work_routing_is_the_policy_the_simulator_uses():
+    # A has 6,000 prompt tokens queued at 1,000 tok/s (6 s to clear), B 1,000 at 500 tok/s (2 s):
+    # a 1,000-token prompt finishes first on B (4 s) rather than A (7 s), whatever the weights say.
+    views = [InstanceView(instance_id="a", model="m", phase="prefill", region="us", throughput_tok_per_s=1000.0, index=0),
+             InstanceView(instance_id="b", model="m", phase="prefill", region="us", throughput_tok_per_s=500.0, index=1),
+             InstanceView(instance_id="d1", model="m", phase="decode", region="us", throughput_tok_per_s=100.0, index=2),
+             InstanceView(instance_id="d2", model="m", phase="decode", region="eu", throughput_tok_per_s=100.0, index=3),
+             InstanceView(instance_id="d3", model="m", phase="decode", region="us", throughput_tok_per_s=200.0, index=4)]
+    v, states = pick_prefill(views, {}, load={"a": 6000.0, "b": 1000.0}, new_work=1000.0)
+    assert v is not None and v.instance_id == "b" and states == {}
+    # decode: same region first, least held per unit of throughput: d3 holds 3 at 200 (2 / 100 after one more)
+    d, _ = pick_decode(views, "us", {}, held={"d1": 2.0, "d3": 3.0})
+    assert d is not None and d.instance_id == "d3"
+    d, _ = pick_decode(views, "eu", {}, held={"d2": 50.0})
+    assert d is not None and d.instance_id == "d2"

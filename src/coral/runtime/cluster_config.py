@@ -107,6 +107,7 @@ class ClusterSpec:
     heartbeat_s: float = 0.25
     heartbeat_timeout_s: float = 2.0
     max_retries: int = 2
+    router: str = "least-work"
     epoch_s: float = 0.0
     planner: str = "none"
     max_nodes: int = 64
@@ -176,6 +177,10 @@ class CoordinatorFile(_Strict):
     heartbeat_s: float = Field(0.25, gt=0, description="Heartbeat period between coordinator, schedulers and engines.")
     heartbeat_timeout_s: float = Field(2.0, gt=0, description="A process silent this long is dead (its instance leaves routing).")
     max_retries: int = Field(2, ge=0, description="Times a request hit by an instance failure is resent elsewhere.")
+    router: Literal["least-work", "wrr"] = Field("least-work", description=(
+        "Request routing (coral.policy.routing, shared with the simulator): 'least-work' sends a prompt to the "
+        "instance whose outstanding prompt tokens clear soonest at its throughput and a decode to the least "
+        "occupied; 'wrr' is the paper's weighted round-robin in proportion to throughput."))
     epoch_s: float = Field(0.0, ge=0, description="Re-planning period (measure demand, plan, reconcile); 0 = only on request.")
     planner: Literal["none", "allocator"] = Field("none", description=(
         "What re-plans each epoch: 'none' keeps the last pushed plan (replacing lost capacity); 'allocator' "
@@ -242,7 +247,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         host=c.host, http_port=c.port, api_key=c.api_key, device=f.device,
         dtype=f.dtype, torch_threads=f.torch_threads, models=tuple(models), instances=tuple(instances),
         admin_key=c.admin_key, curve_keys_dir=c.curve_keys_dir, heartbeat_s=c.heartbeat_s,
-        heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, epoch_s=c.epoch_s,
+        heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, router=c.router, epoch_s=c.epoch_s,
         planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
         idle_timeout_s=c.idle_timeout_s, header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s,
         metrics_require_key=c.metrics_require_key,

@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +33,13 @@ import msgspec
 
 from coral.errors import CoralError
 from coral.policy import (
+    ROUTERS,
     Candidate,
     Lifecycle,
     LifecycleEvent,
     WrrState,
     choose_decode,
+    least_work,
     next_state,
     wrr_next,
     wrr_start,
@@ -152,12 +154,19 @@ class InstanceView:
 RouteStates = dict[tuple[int, ...], WrrState]
 
 
-def pick_prefill(instances: Sequence[InstanceView], states: RouteStates) -> tuple[InstanceView | None, RouteStates]:
-    """Pick the instance that runs a request's prefill (phase prefill or mixed), smooth WRR ∝ throughput.
+def pick_prefill(instances: Sequence[InstanceView], states: RouteStates, *,
+                 load: Mapping[str, float] | None = None, new_work: float = 0.0) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the instance that runs a request's prefill (phase prefill or mixed).
+
+    With `load` (prompt tokens each instance has queued or running), the shared least-work policy
+    (:func:`coral.policy.least_work`: the instance that clears this request soonest at its
+    throughput), as the simulator routes by default; without it, smooth WRR ∝ throughput.
 
     Args:
         instances: the model's instances that take new requests.
         states: WRR state per candidate group (keyed by the group's indices); not modified.
+        load: instance id -> outstanding prompt tokens (least-work routing); None: WRR.
+        new_work: the request's prompt tokens.
 
     Returns:
         (the instance, or None if none is prefill-capable; the updated states).
@@ -165,23 +174,38 @@ def pick_prefill(instances: Sequence[InstanceView], states: RouteStates) -> tupl
     group = [i for i in instances if i.phase in ("prefill", "mixed")]
     if not group:
         return None, states
+    if load is not None:
+        k = least_work([load.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], new_work)
+        return group[k], states
     key = tuple(i.index for i in group)
     i, st = wrr_next(states.get(key) or wrr_start([g.throughput_tok_per_s for g in group]))
     return group[i], {**states, key: st}
 
 
-def pick_decode(instances: Sequence[InstanceView], region: str, states: RouteStates) -> tuple[InstanceView | None, RouteStates]:
-    """Pick the decode instance for a request prefilled in ``region`` (:func:`coral.policy.choose_decode`).
+def pick_decode(instances: Sequence[InstanceView], region: str, states: RouteStates, *,
+                held: Mapping[str, float] | None = None) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the decode instance for a request prefilled in ``region``.
+
+    With `held` (sequences each decode instance holds), least work among the prefill's region's
+    instances (held per unit of throughput), else among all; without it
+    :func:`coral.policy.choose_decode` (same region first, WRR ∝ throughput).
 
     Args:
         instances: the model's instances that take new requests.
         region: the prefill instance's region.
         states: WRR state per candidate group; not modified.
+        held: instance id -> sequences it holds (least-work routing); None: WRR.
 
     Returns:
         (a decode-phase instance, or None if there is none; the updated states).
     """
     decode = [i for i in instances if i.phase == "decode"]
+    if held is not None:
+        if not decode:
+            return None, states
+        group = [i for i in decode if i.region == region] or decode
+        k = least_work([held.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], 1.0)
+        return group[k], states
     chosen, states = choose_decode([Candidate(id=i.index, region=i.region, weight=i.throughput_tok_per_s) for i in decode], region, states)
     return next((i for i in decode if i.index == chosen), None), states
 
@@ -215,6 +239,7 @@ class Coordinator:
         heartbeat_timeout_s: float = 2.0,
         max_retries: int = 2,
         retry_wait_s: float = 30.0,
+        router: str = "least-work",
     ) -> None:
         """Args:
         transport: the coordinator's inbox (schedulers register and send tokens here).
@@ -223,7 +248,13 @@ class Coordinator:
         heartbeat_timeout_s: a scheduler silent this long is dead; its instance leaves routing.
         max_retries: how many times a request hit by an instance failure is resent.
         retry_wait_s: how long a request to retry waits for an instance of its model.
+        router: "least-work" (default, as the simulator): prefill to the instance whose outstanding
+            prompt tokens clear soonest at its throughput, decode to the least occupied; "wrr":
+            the paper's smooth weighted round-robin ∝ throughput.
         """
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.router = router
         self.t = transport
         self.models = {m.name: m for m in models}
         self.instances: dict[str, InstanceRecord] = {}
@@ -547,12 +578,23 @@ class Coordinator:
         """Route and send the request's next attempt (lock held); False if no instance takes it."""
         views = [r.view for r in self.instances.values() if r.view.model == h.model and r.state is Lifecycle.ACTIVE]
         states = self._routes.get(h.model, {})
-        pre, states = pick_prefill(views, states)
+        load: dict[str, float] | None = None
+        held: dict[str, float] | None = None
+        if self.router == "least-work":
+            load, held = {}, {}
+            for other in self._wire.values():  # outstanding work per instance, from the live attempts
+                if other.done or other.model != h.model:
+                    continue
+                if not other.generated:  # no token yet: its prefill is queued or running
+                    load[other.instance_id] = load.get(other.instance_id, 0.0) + other.prompt_len
+                if other.decode_instance:
+                    held[other.decode_instance] = held.get(other.decode_instance, 0.0) + 1.0
+        pre, states = pick_prefill(views, states, load=load, new_work=float(h.prompt_len))
         if pre is None:
             return False
         dec = None
         if pre.phase == "prefill":
-            dec, states = pick_decode(views, pre.region, states)
+            dec, states = pick_decode(views, pre.region, states, held=held)
         self._routes[h.model] = states
         h.instance_id, h.decode_instance = pre.instance_id, dec.instance_id if dec is not None else ""
         h.wire_id = h.request_id if h.retries == 0 else f"{h.request_id}.{h.retries}"

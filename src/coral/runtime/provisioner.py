@@ -329,7 +329,7 @@ class Deployment:
         self.coordinator_port = int(self.transport.address.rsplit(":", 1)[1])
         self.coordinator = Coordinator(
             self.transport, self._infos(), heartbeat_s=c.heartbeat_s, heartbeat_timeout_s=c.heartbeat_timeout_s,
-            max_retries=c.max_retries,
+            max_retries=c.max_retries, router=c.router,
         )  # fmt: skip
         self.coordinator.start()
         if self.controller is not None:
