@@ -179,7 +179,7 @@ def _explainer(scenario: Scenario) -> Callable[[Group], str] | None:
         except (CoralError, ValueError, KeyError):
             return "its templates are held to the budget of coral.templates.budget"
         at = f"the p{q * 100:g} prompt ({prompt:,.0f} tokens)" if g[1] is Phase.PREFILL else "the mean context"
-        return (f"templates must reach {at} within a {budget:.4g} ms budget; the fastest node, one {cfg}, "
+        return (f"templates must reach {at} within a {budget:.4g} ms budget; the fastest node, {cfg}, "
                 f"takes {best:.4g} ms")
 
     return explain
