@@ -12,7 +12,13 @@ import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
 from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
-from coral.allocator.inputs import AllocationInputs, Columns, build_columns, build_inputs
+from coral.allocator.inputs import (
+    AllocationInputs,
+    Columns,
+    build_columns,
+    build_inputs,
+    find_template,
+)
 from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
@@ -26,10 +32,6 @@ TIGHT_MARGIN = {"core": 0.25, "extended": 0.75}  # DESIGN §7; any other scenari
 _REL_TOL = 1e-6
 
 PrevPlan = Plan | Mapping[tuple[str, str], int]
-
-
-def _single_node(t: Template) -> bool:
-    return len(t.nodes) == 1
 
 
 def _prev_dict(prev: PrevPlan | None) -> dict[tuple[str, str], int] | None:
@@ -90,7 +92,7 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     options = options or DEFAULT_OPTIONS
     prev_d = _prev_dict(prev)
     if method in ("homo", "cauchy"):
-        cols = build_columns(inputs, keep=_single_node)
+        cols = build_columns(inputs, max_nodes=1)  # single-node templates only
     else:
         cols = build_columns(inputs)
     nu_prev = prev_counts(inputs, cols, prev_d)
@@ -172,11 +174,18 @@ def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray,
                              "availability does not bind, so the plan is optimal for all columns"))
 
 
-def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> list[int]:
-    """Instances per sub-column, read back from the plan's instances."""
-    want = {(i.region, i.template.key): i.count for i in plan.instances}
-    return [want.get((inputs.regions[int(sub.col_r[j])], sub.templates[int(sub.col_t[j])].key), 0)
-            for j in range(sub.num_cols)]
+def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> np.ndarray:
+    """Instances per sub-column, read back from the plan's instances (a lookup per instance: no
+    other template object is made)."""
+    out = np.zeros(sub.num_cols, dtype=np.int64)
+    r_of = {r: i for i, r in enumerate(inputs.regions)}
+    for i in plan.instances:
+        t = sub.template_index(i.template.key)
+        hit = (np.flatnonzero((sub.col_t == t) & (sub.col_r == r_of[i.region])) if t is not None
+               else np.zeros(0, dtype=np.int64))
+        if len(hit):
+            out[hit[0]] = i.count
+    return out
 
 
 def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: float | None = None,
@@ -243,14 +252,19 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
     """
     problems: list[str] = []
     inputs = build_inputs(scenario, library, demand=demand, availability=availability, unbounded=unbounded)
-    known = {(t.model, t.phase, t.nodes): t for g in inputs.templates.values() for t in g}
+
+    def library_template(t: Template) -> Template | None:  # a lookup in the library's table
+        group = inputs.templates.get((t.model, t.phase), ())
+        row = find_template(group, t.nodes)
+        return None if row is None else group[row]
+
     nodes: dict[tuple[str, str], int] = defaultdict(int)
     cap: dict[tuple[str, Phase], float] = defaultdict(float)
     cost = 0.0
     for i in plan.instances:
         t = i.template
         tag = f"instance {i.region}/{t.key}"
-        lib_t = known.get((t.model, t.phase, t.nodes))
+        lib_t = library_template(t)
         if lib_t is None:
             problems.append(f"{tag}: template not in the library")
         elif not math.isclose(lib_t.throughput_tok_per_s, t.throughput_tok_per_s, rel_tol=1e-9):

@@ -42,13 +42,12 @@ def prev_counts(inputs: AllocationInputs, cols: Columns,
     out = np.zeros(cols.num_cols)
     if not prev or cols.num_cols == 0:
         return out
-    t_of_key = {t.key: i for i, t in enumerate(cols.templates)}
     r_of = {r: i for i, r in enumerate(inputs.regions)}
     T = len(cols.templates)
     code = cols.col_r * T + cols.col_t
     order = np.argsort(code, kind="stable")
     for (r, key), count in prev.items():
-        t, ri = t_of_key.get(key), r_of.get(r)
+        t, ri = cols.template_index(key), r_of.get(r)  # a lookup: no template object is made
         if t is None or ri is None or count <= 0:
             continue
         pos = np.searchsorted(code, ri * T + t, sorter=order)
