@@ -128,9 +128,41 @@ def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
 
     Without availability limits a column `j` is never needed when another column `k` of the same
     (model, phase) has `Θ_k ≥ Θ_j` and `p_k + π_k ≤ p_j + π_j` (an instance of `j` can always be
-    swapped for one of `k`); `p + π` bounds any column's marginal cost, running or not. Returns a
-    boolean mask over columns.
+    swapped for one of `k`); `p + π` bounds any column's marginal cost, running or not. Of exact
+    duplicates (same Θ and cost) the first column is kept. Returns a boolean mask over columns.
+
+    In O(columns): visit the columns by Θ descending; a column is on the frontier iff it costs
+    less than every column visited before it. Templates of equal Θ form one block (numbered once
+    per library, `Columns.theta_block`), of which only the cheapest column can be kept.
     """
+    if cols.theta_block is None:
+        return _frontier_by_sort(inputs, cols, nu_prev)
+    cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
+    keep = nu_prev > 0
+    n_blocks = int(cols.theta_block.max()) + 1 if cols.theta_block.size else 0
+    block = cols.theta_block[cols.col_t]
+    block_min = np.full(n_blocks, np.inf)
+    np.minimum.at(block_min, block, cost)
+    at_min = np.flatnonzero(cost == block_min[block])  # ascending: the first one per block is kept
+    blocks_with, first = np.unique(block[at_min], return_index=True)
+    winner = np.full(n_blocks, -1, dtype=np.int64)
+    winner[blocks_with] = at_min[first]
+    # the least cost over the blocks of higher Θ in the same group (blocks are group-major)
+    tmpl_group = np.full(n_blocks, -1, dtype=np.int64)
+    tmpl_group[cols.theta_block] = cols.group
+    before = np.full(n_blocks, np.inf)
+    for gi in range(len(cols.groups)):
+        sel = np.flatnonzero(tmpl_group == gi)
+        if sel.size > 1:
+            before[sel[1:]] = np.minimum.accumulate(block_min[sel])[:-1]
+    win = (winner >= 0) & (block_min < before)
+    keep[winner[win]] = True
+    return keep
+
+
+def _frontier_by_sort(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray) -> np.ndarray:
+    """`frontier_columns` by sorting all columns (for Columns built without Θ blocks; also the
+    reference the tests hold the linear pass to)."""
     theta = cols.throughput[cols.col_t]
     grp = cols.group[cols.col_t]
     cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)

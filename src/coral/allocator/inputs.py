@@ -177,6 +177,8 @@ class Columns:
     avail: np.ndarray  # (R, C) nodes, inf: unbounded, 0 where not sold
     sold: np.ndarray  # (R, C) bool
     group_start: np.ndarray | None = None  # per group, its first template's index (None: unknown)
+    theta_block: np.ndarray | None = None  # per template: rank of Θ within its group, descending,
+    # equal Θ sharing one rank, numbered across groups (group-major); see frontier_columns
 
     @property
     def num_cols(self) -> int:
@@ -373,7 +375,7 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
     return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
                    templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
                    col_t=col_t_a[fits], col_r=col_r_a[fits], price=price_a[fits], ub=ub_a[fits],
-                   avail=avail, sold=sold, group_start=lay.group_start)
+                   avail=avail, sold=sold, group_start=lay.group_start, theta_block=lay.theta_block)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -391,6 +393,7 @@ class _Layout:
     ent_c: np.ndarray  # per (template, config) entry with U > 0, row-major: the config
     ent_u: np.ndarray  # ... and U_c(τ) (float)
     ent_start: np.ndarray  # per template: its first entry (clipped; unused where not usable)
+    theta_block: np.ndarray  # per template: see Columns.theta_block
 
     @property
     def num_templates(self) -> int:
@@ -431,13 +434,19 @@ def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -
     ent_t, ent_c = np.nonzero(usage)
     usable &= np.bincount(ent_t, minlength=T) > 0
     ent_start = np.minimum(np.searchsorted(ent_t, np.arange(T)), max(ent_t.size - 1, 0))
-    lay = _Layout(tables=tuple(tables), templates=ChainedTemplates(tables),
-                  group=np.repeat(np.arange(len(tables), dtype=np.int64), sizes),
+    group = np.repeat(np.arange(len(tables), dtype=np.int64), sizes)
+    # Θ blocks: sort by (group, -Θ); a new block starts at every change of group or Θ.
+    order = np.lexsort((-throughput, group))
+    new_block = np.ones(T, dtype=bool)
+    new_block[1:] = (group[order][1:] != group[order][:-1]) | (throughput[order][1:] != throughput[order][:-1])
+    theta_block = np.empty(T, dtype=np.int64)
+    theta_block[order] = np.cumsum(new_block) - 1
+    lay = _Layout(tables=tuple(tables), templates=ChainedTemplates(tables), group=group, theta_block=theta_block,
                   group_start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
                   throughput=throughput, usage=usage, usable=usable, ent_c=ent_c,
                   ent_u=usage[ent_t, ent_c].astype(float), ent_start=ent_start)
     for arr in (lay.group, lay.group_start, lay.throughput, lay.usage, lay.usable, lay.ent_c, lay.ent_u,
-                lay.ent_start):
+                lay.ent_start, lay.theta_block):
         arr.setflags(write=False)  # shared by every Columns built from these tables
     _LAYOUTS[key] = lay
     while len(_LAYOUTS) > 8:

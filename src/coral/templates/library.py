@@ -18,8 +18,6 @@ from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
-from coral.templates import kernel
-from coral.templates.exact import assign_blocks, solve_exact
 from coral.templates.problem import (
     FIRST,
     LAST,
@@ -140,6 +138,9 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     caps to reach `L`. With the default solver and numba present, the whole loop runs compiled
     (`kernel.solve_multiset`, same order and bounds).
     """
+    from coral.templates import kernel  # the solvers load only when something is solved
+    from coral.templates.exact import solve_exact
+
     if solver is None and kernel.enabled() and len(nodes) <= timings.spec.n_max:
         return _solve_multiset_jit(timings, nodes, floor)
     local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
@@ -175,6 +176,9 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
 
 
 def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -> Placement | None:
+    from coral.templates import kernel
+    from coral.templates.exact import assign_blocks
+
     names = list(dict.fromkeys(nodes))  # node types in order of first appearance
     groups = [[k for k, n in enumerate(nodes) if n == name] for name in names]
     counts = tuple(len(g) for g in groups)
