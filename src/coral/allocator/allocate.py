@@ -105,7 +105,9 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
         fast = _frontier_plan(inputs, cols, nu_prev, options, method=method)
         if fast is not None:
             return replace(fast, solve_s=time.perf_counter() - start)
-        plan, notes = solve_allocation(inputs, cols, nu_prev, options, method=method)
+        # the time limit covers the whole call: what the columns and the fast path took is spent
+        left = max(options.time_limit_s - (time.perf_counter() - start), 0.05)
+        plan, notes = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
         if plan is not None:
             return plan
         # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
