@@ -112,3 +112,32 @@ class TemplateTable(Sequence[Template]):
             if self.take([row])[0].nodes == want:  # rules out a hash collision
                 return row
         return None
+
+
+def as_table(templates: Sequence[Template]) -> TemplateTable:
+    """`templates` as a TemplateTable (itself when it is one)."""
+    if isinstance(templates, TemplateTable):
+        return templates
+    first = templates[0] if len(templates) else None
+    return TemplateTable(model=first.model if first else "", phase=first.phase if first else Phase.PREFILL,
+                         objects=templates)
+
+
+def rank_by_value(templates: Sequence[Template], prices: dict[str, float],
+                  top: int) -> list[tuple[float, float, Template]]:
+    """The `top` templates by throughput per $/h at `prices` (config -> $/h per node), best
+    first, as (tok/s per $/h, $/h, template); templates using a config without a price are
+    left out. Ranks on the table's arrays and makes only the `top` template objects."""
+    table = as_table(templates)
+    names, usage, theta = table.arrays()
+    if not len(table):
+        return []
+    price = np.array([prices.get(n, np.nan) for n in names], dtype=float)
+    sold = ~np.isnan(price)
+    ok = ~np.any(usage[:, ~sold] > 0, axis=1)
+    cost = usage[:, sold].astype(float) @ price[sold]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = np.where(ok & (cost > 0), theta / np.where(cost > 0, cost, 1.0), -np.inf)
+    order = np.argsort(-value, kind="stable")[: min(top, int(ok.sum()))]
+    order = order[np.isfinite(value[order])]
+    return [(float(value[i]), float(cost[i]), t) for i, t in zip(order, table.take(order.tolist()), strict=True)]
