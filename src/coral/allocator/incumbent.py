@@ -36,7 +36,9 @@ def max_alpha_incumbent(cols: Columns, nu_lp: np.ndarray, *, ub: np.ndarray | No
     share of the scarcest remaining resource it uses. When the least served group has no column
     left that fits, try once to make room: take back one instance from the group with the most
     slack (served beyond the current α by more than that instance's share) and add for the least
-    served one if that raises `α`; stop when neither works.
+    served one if that raises `α`; stop when neither works. The same greedy also runs from
+    nothing, after giving every (model, phase) one instance (the most constrained first); the
+    better of the two plans is returned.
 
     Args:
         cols: the candidate columns (availability in `cols.avail`).
@@ -48,7 +50,16 @@ def max_alpha_incumbent(cols: Columns, nu_lp: np.ndarray, *, ub: np.ndarray | No
         Instances per column (integers, a new array).
     """
     ub = cols.ub if ub is None else ub
-    nu = np.minimum(np.floor(np.maximum(nu_lp, 0.0) + _TOL), ub).astype(np.int64)
+    from_lp = _greedy(cols, np.minimum(np.floor(np.maximum(nu_lp, 0.0) + _TOL), ub).astype(np.int64), ub, max_steps)
+    # From scratch, every (model, phase) first gets one instance, the most constrained first
+    # (fewest columns that fit) on its smallest footprint: rounding the LP can leave a group
+    # nothing that fits when instances are large against the availability.
+    seeded = _greedy(cols, np.zeros(cols.num_cols, dtype=np.int64), ub, max_steps, seed_groups=True)
+    return max((from_lp, seeded), key=lambda v: float(served(cols, v).min()))
+
+
+def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_groups: bool = False) -> np.ndarray:
+    """`max_alpha_incumbent`'s greedy from `nu` (modified in place and returned)."""
     rem = cols.avail.copy()
     nz = np.flatnonzero(nu)
     np.add.at(rem, cols.col_r[nz], -(cols.usage[cols.col_t[nz]].astype(float) * nu[nz, None]))
@@ -77,6 +88,21 @@ def max_alpha_incumbent(cols: Columns, nu_lp: np.ndarray, *, ub: np.ndarray | No
         rem[cols.col_r[j]] -= cols.usage[cols.col_t[j]] * k
         nu[j] += k
         frac[grp[j]] += k * theta[j] / demand[grp[j]]
+
+    if seed_groups:
+        pending = [g for g in range(len(cols.groups)) if np.isfinite(demand[g])]
+        while pending:
+            counts = []
+            for g in pending:
+                cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
+                counts.append(int((_fits(cols, cand, rem) >= 1).sum()) if cand.size else 0)
+            g = pending.pop(int(np.argmin(counts)))
+            cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
+            cand = cand[_fits(cols, cand, rem) >= 1] if cand.size else cand
+            if cand.size:
+                u = cols.usage[cols.col_t[cand]].astype(float)
+                share = np.max(np.where(u > 0, u / np.maximum(rem[cols.col_r[cand]], _TOL), 0.0), axis=1)
+                apply(int(cand[np.argmin(share)]), 1)
 
     for _ in range(max_steps):
         low = int(np.argmin(frac))
