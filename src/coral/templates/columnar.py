@@ -46,7 +46,7 @@ from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template
 
 CONTAINER = "coral-parquet/1"  # how the rows are laid out (not what they mean: that is LIBRARY_FORMAT)
-ROW_GROUP_ROWS = 16_384  # materializing one template reads one row group, not the file
+ROW_GROUP_ROWS = 4_096  # making one template reads one row group (all its columns), not the file
 COUNT = "count."  # + a configuration name: U_c(τ), the template's nodes of that configuration
 THROUGHPUT = "placement.throughput_tok_per_s"
 _META = b"coral"
