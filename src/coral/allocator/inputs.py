@@ -342,6 +342,14 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         for r in inputs.allowed_regions[m]:
             allowed[gi, reg_index[r]] = True
 
+    market = (id(lay), price_rc.tobytes(), avail.tobytes(), allowed.tobytes())
+    hit = _MARKETS.get(market)
+    if hit is not None and hit[0] is lay:  # same library, prices, availability and regions: same columns
+        _, col_t_a, col_r_a, price_a, ub_a = hit
+        return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
+                       templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
+                       col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a, avail=avail, sold=sold,
+                       group_start=lay.group_start, theta_block=lay.theta_block)
     col_t, col_r, col_price, col_ub = [], [], [], []
     ent_c, ent_u, starts = lay.ent_c, lay.ent_u, lay.ent_start
     for ri in range(R):
@@ -372,10 +380,21 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
                                       f"regions ({', '.join(inputs.allowed_regions[g[0]])}): some "
                                       "configuration of each is not sold there")
     fits = ub_a >= 1
+    col_t_a, col_r_a, price_a, ub_a = col_t_a[fits], col_r_a[fits], price_a[fits], ub_a[fits]
+    for arr in (col_t_a, col_r_a, price_a, ub_a):
+        arr.setflags(write=False)  # shared with the next epoch's Columns on the same market
+    _MARKETS[market] = (lay, col_t_a, col_r_a, price_a, ub_a)
+    while len(_MARKETS) > 4:
+        _MARKETS.popitem(last=False)
     return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
                    templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
-                   col_t=col_t_a[fits], col_r=col_r_a[fits], price=price_a[fits], ub=ub_a[fits],
+                   col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a,
                    avail=avail, sold=sold, group_start=lay.group_start, theta_block=lay.theta_block)
+
+
+# (layout id, prices, availability, allowed regions) -> the columns built for them (4 most recent)
+_MARKETS: OrderedDict[tuple[int, bytes, bytes, bytes], tuple[Any, np.ndarray, np.ndarray, np.ndarray,
+                                                             np.ndarray]] = OrderedDict()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
