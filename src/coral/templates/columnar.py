@@ -262,7 +262,7 @@ def read(path: Path) -> TemplateTable | None:
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
     return TemplateTable(model=stats.model, phase=stats.phase, stats=stats,
-                         source=ParquetSource(pf, list(meta["configs"])))
+                         source=ParquetSource(pf, list(meta["configs"]), path))
 
 
 def _numpy(arr: pa.Array) -> np.ndarray:
@@ -278,12 +278,21 @@ class ParquetSource:
     """Reads a library file for a `TemplateTable`: two columns for the arrays, row groups for
     the templates asked for."""
 
-    def __init__(self, file: pq.ParquetFile, configs: list[str]) -> None:
+    def __init__(self, file: pq.ParquetFile, configs: list[str], path: Path | None = None) -> None:
         self.file = file
         self.configs = configs
+        self.path = path
         md = file.metadata
         self.num_rows = md.num_rows
         self._starts = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+
+    def __getstate__(self) -> dict[str, Any]:  # a table travels to another process by its path
+        if self.path is None:
+            raise TypeError("a ParquetSource opened without a path cannot be pickled")
+        return {"path": self.path, "configs": self.configs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(pq.ParquetFile(state["path"]), state["configs"], state["path"])  # type: ignore[misc]
 
     def arrays(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         cols = [COUNT + n for n in self.configs]

@@ -167,3 +167,13 @@ def test_reading_the_library_imports_neither_pandas_nor_numba(core, built, tmp_p
             "print(sorted(m for m in ('pandas', 'numba', 'torch', 'ray', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_file_backed_table_pickles_by_its_path(built):
+    import pickle
+
+    _, lib = built
+    table = lib.of("phi-4", Phase.PREFILL)
+    copy = pickle.loads(pickle.dumps(table))
+    assert len(copy) == len(table) and copy[len(table) - 1] == table[len(table) - 1]
+    assert (copy.arrays()[1] == table.arrays()[1]).all()
