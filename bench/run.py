@@ -4,8 +4,10 @@ Sections (each can be picked with --only): calibration (perf model vs Helix's me
 exact (exact search vs the placement ILP on the same seeded cases), library (template library
 build time and peak memory), allocator (plan solve time and cost ratios on the real libraries),
 slo (simulated attainment against each model's target, the simulated bill against the plan's, the
-router's effect), sim (simulator throughput), runtime (router overhead, pipeline vs single
-process; the HTTP front end: overhead, 256 / 1,024 concurrent streams, 1,000 idle connections).
+router's effect), planner (`coral plan` end to end in fresh processes with the library cached,
+start-up imports, goodput mode on scarce instances), sim (simulator throughput), runtime (router
+overhead, pipeline vs single process; the HTTP front end: overhead, 256 / 1,024 concurrent
+streams, 1,000 idle connections).
 
 Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--quick` skips
 the extended library build (about 4 minutes); `--full` adds the long variants of the helper benches.
@@ -214,11 +216,10 @@ def bench_library(quick: bool, full: bool) -> None:
 def bench_allocator(quick: bool) -> None:
     from coral.experiments.pipeline import plan, prepare
     from coral.scenario import load_scenario
-    from coral.templates.library import default_cache_dir, specs_for
+    from coral.templates.library import cache_path, default_cache_dir, specs_for
 
     def is_cached(s: Any) -> bool:
-        return all(list(default_cache_dir().glob(f"{sp.model.name}-{sp.phase.value}-{sp.cache_key(s.perf)}.jsonl"))
-                   for sp in specs_for(s))
+        return all(cache_path(sp, s.perf, default_cache_dir()).exists() for sp in specs_for(s))
 
     for name in ("core", "extended"):
         s = load_scenario(name)
@@ -251,6 +252,133 @@ def bench_allocator(quick: bool) -> None:
                 cost, alpha = costs[m]
                 row("allocator", f"{name}/{avail}: {m} cost / coral cost", cost / c if c else float("nan"), "", None,
                     f"{m} ${cost:.2f}/h alpha {alpha:.3g} vs coral ${c:.2f}/h alpha {costs['coral'][1]:.3g}")
+
+
+def _cli(args: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
+    """Run `coral ARGS` in a fresh process: (wall s, peak RSS MiB of that process, stdout).
+    Its CPU time (user + system) goes to `_CPU_S`: on a shared machine the wall time also counts
+    the waits for a core, the CPU time does not."""
+    import os
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "coral.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    out = proc.stdout.read().decode() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if status != 0:
+        raise RuntimeError(f"coral {' '.join(args)} exited with {status}")
+    _CPU_S.append(usage.ru_utime + usage.ru_stime)
+    return wall, usage.ru_maxrss / 1024, out
+
+
+_CPU_S: list[float] = []
+
+
+def _alpha_gap(notes: Any) -> float | None:
+    import re
+
+    for n in notes:
+        m = re.search(r"max alpha = .*gap ([0-9.]+)%", n)
+        if m:
+            return float(m.group(1)) / 100
+    return None
+
+
+def bench_planner(quick: bool) -> None:
+    """Issue 18's targets: `coral plan` at online speed with the library cached, fast start-up,
+    goodput mode inside the epoch (all measured in fresh processes where start-up counts)."""
+    import math
+    import os
+    import statistics as st
+
+    from coral.allocator import allocate
+    from coral.experiments.pipeline import prepare
+    from coral.scenario import load_scenario
+    from coral.solver import SolveOptions
+    from coral.templates.library import cache_path, default_cache_dir, specs_for
+
+    reps = 1 if quick else 3
+    for name, wall_target in (("core", 1.0), ("extended", 3.0)):
+        s = load_scenario(name)
+        if not all(cache_path(sp, s.perf, default_cache_dir()).exists() for sp in specs_for(s)):
+            row("planner", f"{name}: library not cached", "skipped", "", None,
+                f"run `coral templates build --scenario {name} --jobs 2` first")
+            continue
+        _CPU_S.clear()
+        runs = [_cli(["plan", "--scenario", name, "--json"]) for _ in range(reps)]
+        cpu = st.median(_CPU_S)
+        walls = [w for w, _, _ in runs]
+        solve = [json.loads(out)["solve_s"] for _, _, out in runs]
+        wall, rss, sol = st.median(walls), max(r for _, r, _ in runs), st.median(solve)
+        plan = json.loads(runs[-1][2])
+        row("planner", f"coral plan --scenario {name}: end to end (s)", wall, f"<= {wall_target:g}", wall <= wall_target,
+            f"median of {reps} fresh processes ({', '.join(f'{w:.2f}' for w in walls)}), CPU {cpu:.2f} s; "
+            f"{plan['status']}, ${plan['cost_usd_per_h']:.2f}/h; load average {os.getloadavg()[0]:.1f}")
+        row("planner", "  peak RSS (MiB)", rss, "<= 800" if name == "extended" else "",
+            rss <= 800 if name == "extended" else None)
+        row("planner", "  end to end / solve (plan's solve_s)", wall / sol, "<= 1.5", wall / sol <= 1.5,
+            f"solve {sol:.2f} s; the rest is start-up, scenario and output ({wall - sol:.2f} s)")
+        if name == "extended":
+            w, rss_b, out = _cli(["templates", "build", "--scenario", name, "--json"])
+            row("planner", "extended rebuild, unchanged inputs (s)", w, "<= 3", w <= 3,
+                f"{json.loads(out)['templates']:,} templates, peak {rss_b:.0f} MiB")
+            w, rss_s, _ = _cli(["templates", "show", "--scenario", name, "--json"])
+            row("planner", "coral templates show --scenario extended (s)", w, "", None, f"peak {rss_s:.0f} MiB")
+
+    # start-up: what the CLI imports, and whether plan / show pull in torch, ray or matplotlib
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import coral.cli"], capture_output=True,
+                         text=True, check=True).stderr
+    cum = next(int(ln.split("|")[1]) for ln in out.splitlines() if ln.rstrip().endswith("| coral.cli"))
+    row("planner", "import coral.cli, python -X importtime (ms)", cum / 1e3)
+    probe = ("import runpy, sys; sys.argv = ['coral', *sys.argv[1:]]\n"
+             "try:\n    runpy.run_module('coral.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             "print(','.join(m for m in ('torch', 'ray', 'matplotlib', 'numba', 'pandas') if m in sys.modules),"
+             " file=sys.stderr)")
+    for cmd in (["plan", "--scenario", "core", "--json"], ["templates", "show", "--scenario", "core", "--json"]):
+        got = subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True).stderr.strip()
+        heavy = [m for m in got.splitlines()[-1].split(",") if m] if got else []
+        row("planner", f"coral {cmd[0]} {cmd[1] if cmd[0] == 'templates' else ''}: torch/ray/matplotlib imported",
+            ",".join(heavy) or "none", "none", not {"torch", "ray", "matplotlib"} & set(heavy),
+            "also checked: numba, pandas" + (f" ({','.join(heavy)})" if heavy else ""))
+
+    # goodput mode inside the epoch: 10 s limit, gap <= 0.5 % on α and on the cost at α
+    opts = SolveOptions(backend="highs", time_limit_s=10.0, mip_gap=1e-4)
+    cases: list[tuple[str, Any]] = []
+    s = load_scenario("extended")
+    if all(cache_path(sp, s.perf, default_cache_dir()).exists() for sp in specs_for(s)):
+        tight = prepare(s, availability="tight")
+        abundant = allocate(s, tight.library)
+        half = {k: math.ceil(n.count / 2) for n in abundant.nodes for k in [(n.region, n.config)]}
+        scarce = {k: half.get(k, 0) for k in s.prices}
+        cases.append(("extended tight (+75 %)", lambda: allocate(s, tight.library, availability=tight.availability,
+                                                                 options=opts)))
+        cases.append(("extended scarce (50 % of the abundant plan)", lambda: allocate(
+            s, tight.library, availability=scarce, options=opts)))
+    import allocator_bench as ab
+
+    from coral.allocator import allocate_inputs
+
+    for seed in ([2] if quick else [0, 1, 2]):
+        base = ab.synthetic_inputs(seed)
+        used = {(n.region, n.config): n.count for n in allocate_inputs(base, options=ab.OPTIONS).nodes}
+        avail = {k: used[k] // 2 for k in used} | {k: 0 for k in base.prices if k not in used}
+        inp = ab.synthetic_inputs(seed, availability=dict(avail))
+        cases.append((f"synthetic scarce, seed {seed}", lambda inp=inp: allocate_inputs(inp, options=opts)))
+    for label, fn in cases:
+        t0 = time.perf_counter()
+        p = fn()
+        wall = time.perf_counter() - t0
+        ag = _alpha_gap(p.notes) if p.goodput_mode else 0.0
+        cg = p.gap
+        ok_gap = ag is not None and cg is not None and ag <= 5e-3 and cg <= 5e-3
+        row("planner", f"goodput: {label} (s)", wall, "<= 10", wall <= 10,
+            f"{p.status.value}, alpha {p.alpha:.4g}, {'goodput mode' if p.goodput_mode else 'cost mode'}")
+        row("planner", "  gap: alpha / cost at alpha", f"{'-' if ag is None else f'{ag:.2%}'} / "
+            f"{'-' if cg is None else f'{cg:.2%}'}", "<= 0.5 % each", ok_gap)
 
 
 def _goal_ok(value: float, goal: str) -> bool | None:
@@ -299,7 +427,7 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "sim", "runtime")
+SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "planner", "sim", "runtime")
 
 
 def main() -> None:
@@ -328,6 +456,8 @@ def main() -> None:
                 bench_allocator(args.quick)
             elif section == "slo":
                 bench_helper("slo", "slo_bench", args.quick)
+            elif section == "planner":
+                bench_planner(args.quick)
             elif section == "sim":
                 bench_sim(args.quick)
             elif section == "runtime":

@@ -47,6 +47,22 @@ def write_text(path: str | Path, text: str) -> None:
 
 
 @contextlib.contextmanager
+def replacing(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary file name beside `path` for writers that want a file name (pyarrow,
+    numpy); on success it replaces `path` in one rename, on error it is removed."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
 def building_dir(out: str | Path) -> Iterator[Path]:
     """Yield an empty temporary folder beside `out`; on success it replaces `out` (an existing
     `out` is moved aside first and removed after), on error it is removed and `out` is untouched.

@@ -627,6 +627,7 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
     from coral.perf import Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
+    from coral.templates.table import rank_by_value
 
     s = load_scenario(scenario_name)
     region = region or s.regions[0]
@@ -642,13 +643,7 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
         if models and m.name not in models:
             continue
         for ph in ([Phase(phase)] if phase else list(Phase)):
-            ranked = []
-            for t in lib.of(m.name, ph):
-                if all(c in prices for c in t.counts):
-                    cost = t.price_usd_per_h(prices)
-                    ranked.append((t.throughput_tok_per_s / cost, cost, t))
-            ranked.sort(key=lambda x: -x[0])
-            for per_usd, cost, t in ranked[:top]:
+            for per_usd, cost, t in rank_by_value(lib.of(m.name, ph), prices, top):  # makes only the top ones
                 out.append({**template_to_dict(t), "region": region, "cost_usd_per_h": cost,
                             "tok_per_s_per_usd_h": per_usd, "homogeneous": t.is_homogeneous})
     if as_json:

@@ -189,12 +189,15 @@ def available_backends() -> tuple[str, ...]:
     return tuple(b for b in BACKENDS if b != "gurobi" or importlib.util.find_spec("gurobipy") is not None)
 
 
-def solve(model: MilpModel, options: SolveOptions | None = None) -> SolveResult:
+def solve(model: MilpModel, options: SolveOptions | None = None, *, start: np.ndarray | None = None) -> SolveResult:
     """Solve `model` with the backend of `options`.
 
     Args:
         model: the MILP; never modified.
         options: backend and limits (defaults: HiGHS, 60 s, gap 1e-9).
+        start: a known feasible point (one value per column) the backend starts from as its
+            incumbent (HiGHS `setSolution`, CP-SAT hints, Gurobi `Start`); a point that is not
+            feasible is ignored by the backend, never trusted.
 
     Returns:
         A `SolveResult` with an explicit status.
@@ -204,19 +207,19 @@ def solve(model: MilpModel, options: SolveOptions | None = None) -> SolveResult:
             for it (CP-SAT: a continuous variable without a resolution or infinite bounds).
     """
     options = options or SolveOptions()
-    start = time.perf_counter()
+    began = time.perf_counter()
     if options.backend == "highs":
-        res = _solve_highs(model, options)
+        res = _solve_highs(model, options, start)
     elif options.backend == "cpsat":
-        res = _solve_cpsat(model, options)
+        res = _solve_cpsat(model, options, start)
     else:
-        res = _solve_gurobi(model, options)
+        res = _solve_gurobi(model, options, start)
     status, obj, bound, x, message, stats = res
     if x is not None:
         x = np.array(x, dtype=float)
         x.setflags(write=False)
     gap = _gap(obj, bound) if x is not None else math.inf
-    return SolveResult(status=status, objective=obj, bound=bound, gap=gap, wall_s=time.perf_counter() - start,
+    return SolveResult(status=status, objective=obj, bound=bound, gap=gap, wall_s=time.perf_counter() - began,
                        x=x, backend=options.backend, message=message, stats=stats)
 
 
@@ -251,7 +254,7 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _solve_highs(model: MilpModel, options: SolveOptions) -> _Raw:
+def _solve_highs(model: MilpModel, options: SolveOptions, start: np.ndarray | None = None) -> _Raw:
     import highspy
 
     if options.verbose:
@@ -291,6 +294,10 @@ def _solve_highs(model: MilpModel, options: SolveOptions) -> _Raw:
     status = h.passModel(lp)
     if status == highspy.HighsStatus.kError:
         return Status.ERROR, math.nan, math.nan, None, "HiGHS rejected the model", {}
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = np.asarray(start, dtype=np.float64).tolist()
+        h.setSolution(sol)
     run_status = h.run()
     if run_status == highspy.HighsStatus.kError and h.getModelStatus() == highspy.HighsModelStatus.kNotset:
         # HiGHS refuses a thread count other than the one its process-wide scheduler was
@@ -432,13 +439,17 @@ def _cpsat_model(model: MilpModel) -> tuple[Any, np.ndarray, float, float] | str
     return cp, step, f_obj, worst
 
 
-def _solve_cpsat(model: MilpModel, options: SolveOptions) -> _Raw:
+def _solve_cpsat(model: MilpModel, options: SolveOptions, start: np.ndarray | None = None) -> _Raw:
     from ortools.sat.python import cp_model
 
     built = _cpsat_model(model)
     if isinstance(built, str):
         return Status.INFEASIBLE, math.nan, math.nan, None, built, {}
     cp, step, f_obj, worst = built
+    if start is not None:
+        hint = np.rint(np.asarray(start, dtype=float) / step).astype(np.int64).tolist()
+        cp.proto.solution_hint.vars.extend(range(model.num_cols))
+        cp.proto.solution_hint.values.extend(hint)
     obj_cols = np.flatnonzero(model.c)
     solver = cp_model.CpSolver()
     prm = solver.parameters
@@ -470,7 +481,7 @@ def _solve_cpsat(model: MilpModel, options: SolveOptions) -> _Raw:
 
 
 # -- Gurobi ----------------------------------------------------------------------------------
-def _solve_gurobi(model: MilpModel, options: SolveOptions) -> _Raw:
+def _solve_gurobi(model: MilpModel, options: SolveOptions, start: np.ndarray | None = None) -> _Raw:
     if importlib.util.find_spec("gurobipy") is None:
         raise CoralError("solver backend 'gurobi' needs the gurobipy package (and a licence); "
                          "install it or use backend 'highs' or 'cpsat'")
@@ -499,6 +510,8 @@ def _solve_gurobi(model: MilpModel, options: SolveOptions) -> _Raw:
     for mask, sense, rhs in ((eq, "=", ru), (up, "<", ru), (low, ">", rl)):
         if mask.any():
             m.addMConstr(A[mask], x, sense, rhs[mask])
+    if start is not None:
+        x.Start = np.asarray(start, dtype=float)
     m.optimize()
     has_x = m.SolCount > 0
     xv = np.asarray(x.X, dtype=float) if has_x else None

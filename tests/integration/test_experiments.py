@@ -29,7 +29,7 @@ def test_cost_quick_writes_report_summary_and_figures(tmp_path: Path, isolated_c
     assert sorted(p.name for p in out.iterdir()) == ["figures", "report.md", "summary.json"]
     assert not list(tmp_path.glob(".cost-run.*"))  # the temporary folder is gone
     assert list((out / "figures").glob("*.png"))
-    assert any(isolated_cache.glob("*.jsonl"))  # built in the isolated cache, not ~/.cache
+    assert any(isolated_cache.glob("*.parquet"))  # built in the isolated cache, not ~/.cache
 
     summary = json.loads((out / "summary.json").read_text())
     assert "coral experiment cost --setup core" in summary["command"]

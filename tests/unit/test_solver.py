@@ -170,3 +170,15 @@ def test_cpsat_scaling_keeps_fractional_coefficients_precise():
     assert res.status is Status.OPTIMAL
     assert res.objective == pytest.approx(3.000001, rel=1e-12)
     assert res.stats["cpsat_row_error"] < 1e-8
+
+
+@pytest.mark.parametrize("backend", ["highs", "cpsat"])
+def test_start_point_is_used_and_never_trusted(backend):
+    # max 3x + 2y, x + y <= 4, x + 3y <= 6, integers: optimum x=4, y=0 -> 12
+    m = MilpModel(c=np.array([3.0, 2.0]), A=sp.csr_matrix(np.array([[1.0, 1.0], [1.0, 3.0]])),
+                  row_lower=np.array([-np.inf, -np.inf]), row_upper=np.array([4.0, 6.0]),
+                  col_lower=np.zeros(2), col_upper=np.array([10.0, 10.0]), integrality=np.array([True, True]),
+                  sense="max")
+    good = solve(m, SolveOptions(backend=backend), start=np.array([3.0, 1.0]))
+    bad = solve(m, SolveOptions(backend=backend), start=np.array([9.0, 9.0]))  # infeasible: ignored
+    assert good.objective == pytest.approx(12.0) and bad.objective == pytest.approx(12.0)

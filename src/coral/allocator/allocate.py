@@ -13,7 +13,13 @@ import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
 from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
-from coral.allocator.inputs import AllocationInputs, Columns, build_columns, build_inputs
+from coral.allocator.inputs import (
+    AllocationInputs,
+    Columns,
+    build_columns,
+    build_inputs,
+    find_template,
+)
 from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
@@ -27,10 +33,6 @@ TIGHT_MARGIN = {"core": 0.25, "extended": 0.75}  # DESIGN §7; any other scenari
 _REL_TOL = 1e-6
 
 PrevPlan = Plan | Mapping[tuple[str, str], int]
-
-
-def _single_node(t: Template) -> bool:
-    return len(t.nodes) == 1
 
 
 def _prev_dict(prev: PrevPlan | None) -> dict[tuple[str, str], int] | None:
@@ -91,7 +93,7 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     options = options or DEFAULT_OPTIONS
     prev_d = _prev_dict(prev)
     if method in ("homo", "cauchy"):
-        cols = build_columns(inputs, keep=_single_node)
+        cols = build_columns(inputs, max_nodes=1)  # single-node templates only
     else:
         cols = build_columns(inputs)
     nu_prev = prev_counts(inputs, cols, prev_d)
@@ -104,7 +106,9 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
         fast = _frontier_plan(inputs, cols, nu_prev, options, method=method)
         if fast is not None:
             return replace(fast, solve_s=time.perf_counter() - start)
-        plan, notes = solve_allocation(inputs, cols, nu_prev, options, method=method)
+        # the time limit covers the whole call: what the columns and the fast path took is spent
+        left = max(options.time_limit_s - (time.perf_counter() - start), 0.05)
+        plan, notes = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
         if plan is not None:
             return plan
         # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
@@ -127,9 +131,41 @@ def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
 
     Without availability limits a column `j` is never needed when another column `k` of the same
     (model, phase) has `Θ_k ≥ Θ_j` and `p_k + π_k ≤ p_j + π_j` (an instance of `j` can always be
-    swapped for one of `k`); `p + π` bounds any column's marginal cost, running or not. Returns a
-    boolean mask over columns.
+    swapped for one of `k`); `p + π` bounds any column's marginal cost, running or not. Of exact
+    duplicates (same Θ and cost) the first column is kept. Returns a boolean mask over columns.
+
+    In O(columns): visit the columns by Θ descending; a column is on the frontier iff it costs
+    less than every column visited before it. Templates of equal Θ form one block (numbered once
+    per library, `Columns.theta_block`), of which only the cheapest column can be kept.
     """
+    if cols.theta_block is None:
+        return _frontier_by_sort(inputs, cols, nu_prev)
+    cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
+    keep = nu_prev > 0
+    n_blocks = int(cols.theta_block.max()) + 1 if cols.theta_block.size else 0
+    block = cols.theta_block[cols.col_t]
+    block_min = np.full(n_blocks, np.inf)
+    np.minimum.at(block_min, block, cost)
+    at_min = np.flatnonzero(cost == block_min[block])  # ascending: the first one per block is kept
+    blocks_with, first = np.unique(block[at_min], return_index=True)
+    winner = np.full(n_blocks, -1, dtype=np.int64)
+    winner[blocks_with] = at_min[first]
+    # the least cost over the blocks of higher Θ in the same group (blocks are group-major)
+    tmpl_group = np.full(n_blocks, -1, dtype=np.int64)
+    tmpl_group[cols.theta_block] = cols.group
+    before = np.full(n_blocks, np.inf)
+    for gi in range(len(cols.groups)):
+        sel = np.flatnonzero(tmpl_group == gi)
+        if sel.size > 1:
+            before[sel[1:]] = np.minimum.accumulate(block_min[sel])[:-1]
+    win = (winner >= 0) & (block_min < before)
+    keep[winner[win]] = True
+    return keep
+
+
+def _frontier_by_sort(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray) -> np.ndarray:
+    """`frontier_columns` by sorting all columns (for Columns built without Θ blocks; also the
+    reference the tests hold the linear pass to)."""
     theta = cols.throughput[cols.col_t]
     grp = cols.group[cols.col_t]
     cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
@@ -173,11 +209,18 @@ def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray,
                              "availability does not bind, so the plan is optimal for all columns"))
 
 
-def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> list[int]:
-    """Instances per sub-column, read back from the plan's instances."""
-    want = {(i.region, i.template.key): i.count for i in plan.instances}
-    return [want.get((inputs.regions[int(sub.col_r[j])], sub.templates[int(sub.col_t[j])].key), 0)
-            for j in range(sub.num_cols)]
+def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> np.ndarray:
+    """Instances per sub-column, read back from the plan's instances (a lookup per instance: no
+    other template object is made)."""
+    out = np.zeros(sub.num_cols, dtype=np.int64)
+    r_of = {r: i for i, r in enumerate(inputs.regions)}
+    for i in plan.instances:
+        t = sub.template_index(i.template.key)
+        hit = (np.flatnonzero((sub.col_t == t) & (sub.col_r == r_of[i.region])) if t is not None
+               else np.zeros(0, dtype=np.int64))
+        if len(hit):
+            out[hit[0]] = i.count
+    return out
 
 
 def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: float | None = None,
@@ -248,14 +291,19 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
     """
     problems: list[str] = []
     inputs = build_inputs(scenario, library, demand=demand, availability=availability, unbounded=unbounded)
-    known = {(t.model, t.phase, t.nodes): t for g in inputs.templates.values() for t in g}
+
+    def library_template(t: Template) -> Template | None:  # a lookup in the library's table
+        group = inputs.templates.get((t.model, t.phase), ())
+        row = find_template(group, t.nodes)
+        return None if row is None else group[row]
+
     nodes: dict[tuple[str, str], int] = defaultdict(int)
     cap: dict[tuple[str, Phase], float] = defaultdict(float)
     cost = 0.0
     for i in plan.instances:
         t = i.template
         tag = f"instance {i.region}/{t.key}"
-        lib_t = known.get((t.model, t.phase, t.nodes))
+        lib_t = library_template(t)
         if lib_t is None:
             problems.append(f"{tag}: template not in the library")
         elif not math.isclose(lib_t.throughput_tok_per_s, t.throughput_tok_per_s, rel_tol=1e-9):

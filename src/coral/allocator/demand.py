@@ -22,22 +22,27 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
     """Per model, the rate of one prefill *server*: the unit the plan adds prefill capacity in. It
     is the template with the most Θ per $ (at its cheapest region), divided by its narrowest
     stage's data-parallel width: a request runs on one node per stage, so a stage of `w` nodes is
-    `w` servers, not one `w` times as fast."""
+    `w` servers, not one `w` times as fast. Read from the library's arrays (usage, Θ), so only
+    the winning template is made."""
+    from coral.allocator.inputs import _table
+
     price: dict[str, float] = {}
     for (_, c), p in scenario.prices.items():
         price[c] = min(p, price.get(c, math.inf))
     out = {}
     for m in scenario.models:
-        best = None
-        for t in library.of(m.name, Phase.PREFILL):
-            cost = sum(price.get(n, math.inf) for n in t.nodes)
-            if cost > 0 and math.isfinite(cost):
-                key = t.throughput_tok_per_s / cost
-                if best is None or key > best[0]:
-                    width = min(len(st.nodes) for st in t.placement.stages)
-                    best = (key, t.throughput_tok_per_s / width)
-        if best is not None:
-            out[m.name] = best[1]
+        ts = library.of(m.name, Phase.PREFILL)
+        if not len(ts):
+            continue
+        names, usage, theta = _table(ts).arrays()
+        cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_dollar = np.where(np.isfinite(cost) & (cost > 0), theta / cost, -np.inf)
+        best = int(np.argmax(per_dollar))
+        if not np.isfinite(per_dollar[best]):
+            continue
+        t = ts[best]
+        out[m.name] = float(theta[best]) / min(len(st.nodes) for st in t.placement.stages)
     return out
 
 

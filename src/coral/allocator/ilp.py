@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
+from coral.allocator.incumbent import max_alpha_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
 from coral.solver import MilpModel, SolveOptions, SolveResult, Status, solve
@@ -17,6 +18,8 @@ from coral.solver import MilpModel, SolveOptions, SolveResult, Status, solve
 Mode = Literal["cost", "goodput"]
 ALPHA_SLACK = 1e-6  # phase 2 of goodput mode keeps alpha >= alpha* - ALPHA_SLACK
 ALPHA_RESOLUTION = 1e-7  # CP-SAT grid step of the continuous alpha
+GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative gap (or mip_gap, if looser)
+GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -42,13 +45,12 @@ def prev_counts(inputs: AllocationInputs, cols: Columns,
     out = np.zeros(cols.num_cols)
     if not prev or cols.num_cols == 0:
         return out
-    t_of_key = {t.key: i for i, t in enumerate(cols.templates)}
     r_of = {r: i for i, r in enumerate(inputs.regions)}
     T = len(cols.templates)
     code = cols.col_r * T + cols.col_t
     order = np.argsort(code, kind="stable")
     for (r, key), count in prev.items():
-        t, ri = t_of_key.get(key), r_of.get(r)
+        t, ri = cols.template_index(key), r_of.get(r)  # a lookup: no template object is made
         if t is None or ri is None or count <= 0:
             continue
         pos = np.searchsorted(code, ri * T + t, sorter=order)
@@ -227,10 +229,26 @@ def _gap(result: SolveResult) -> float | None:
     return float(result.gap) if math.isfinite(result.gap) else None
 
 
+def _relaxed(form: Formulation) -> Formulation:
+    """The same model with every integrality dropped (its LP relaxation)."""
+    return replace(form, model=replace(form.model, integrality=np.zeros_like(form.model.integrality)))
+
+
 def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, options: SolveOptions,
                      *, method: str = "coral") -> tuple[Plan | None, list[str]]:
     """Cost ILP; when infeasible (or no incumbent), goodput mode: maximize α, then minimize cost
     at α fixed (minus `ALPHA_SLACK`). The time limit covers all solves together.
+
+    How goodput mode stays inside an epoch on large, scarce instances:
+    - the cost ILP's LP relaxation is solved first; when it is infeasible so is the ILP, and
+      goodput mode starts without a branch-and-bound proof of infeasibility;
+    - the α search solves its LP relaxation first: its optimum bounds α, and its rounding
+      (`incumbent.max_alpha_incumbent`) is an incumbent that ends the search when it is within
+      the gap, and the answer when the ILP finds nothing better; the ILP stops at a relative gap
+      of `max(mip_gap, GOODPUT_GAP)` or after `GOODPUT_ALPHA_SHARE` of the time left;
+    - the cost pass starts from the α search's plan (feasible for it by construction), so it
+      always has an incumbent and stops at the same gap or when the time is up.
+    The notes report α, its bound and both gaps.
 
     Returns:
         (plan, notes): plan None when no solve produced an incumbent (the caller falls back).
@@ -242,11 +260,14 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     def remaining() -> float:
         return options.time_limit_s - (time.perf_counter() - start)
 
-    def run(form: Formulation) -> SolveResult:
+    def run(form: Formulation, *, limit: float | None = None, gap: float | None = None,
+            start_x: np.ndarray | None = None) -> SolveResult:
         nonlocal solve_s
-        opts = SolveOptions(backend=options.backend, time_limit_s=max(remaining(), 0.05), mip_gap=options.mip_gap,
+        budget = remaining() if limit is None else min(limit, remaining())
+        opts = SolveOptions(backend=options.backend, time_limit_s=max(budget, 0.05),
+                            mip_gap=options.mip_gap if gap is None else gap,
                             threads=options.threads, seed=options.seed, verbose=options.verbose)
-        res = solve(form.model, opts)
+        res = solve(form.model, opts) if start_x is None else solve(form.model, opts, start=start_x)
         solve_s += res.wall_s
         return res
 
@@ -259,44 +280,77 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         notes.append(f"no available nodes for any template of {short}: goodput mode (max alpha, then min cost)")
     else:
         form = formulate(inputs, cols, nu_prev, mode="cost")
-        res = run(form)
-        nu = decode_counts(form, res)
-        if nu is not None and res.status is not Status.INFEASIBLE:
-            return build_plan(inputs, cols, nu, nu_prev, method=method, status=res.status, solve_s=solve_s,
-                              gap=_gap(res), objective=res.objective), notes
-        if res.status is Status.INFEASIBLE:
-            notes.append("demand cannot be met with the available nodes: goodput mode (max alpha, then min cost)")
+        lp = run(_relaxed(form)) if options.backend == "highs" else None
+        if lp is not None and lp.status is Status.INFEASIBLE:
+            notes.append("demand cannot be met with the available nodes (not even fractionally): "
+                         "goodput mode (max alpha, then min cost)")
         else:
-            notes.append(f"cost ILP ended {res.status.value} without a plan ({res.message}); trying goodput mode")
+            res = run(form)
+            nu = decode_counts(form, res)
+            if nu is not None and res.status is not Status.INFEASIBLE:
+                return build_plan(inputs, cols, nu, nu_prev, method=method, status=res.status, solve_s=solve_s,
+                                  gap=_gap(res), objective=res.objective), notes
+            if res.status is Status.INFEASIBLE:
+                notes.append("demand cannot be met with the available nodes: goodput mode (max alpha, then min cost)")
+            else:
+                notes.append(f"cost ILP ended {res.status.value} without a plan ({res.message}); trying goodput mode")
 
-    # goodput mode, phase 1: maximize α
+    gap = max(options.mip_gap, GOODPUT_GAP)
+    # goodput mode, phase 1: maximize α, from the LP relaxation's bound and rounded plan
     g_form = formulate(inputs, cols, nu_prev, mode="goodput")
-    g_res = run(g_form)
-    g_nu = decode_counts(g_form, g_res)
-    if g_nu is None or g_form.alpha_col is None:
-        notes.append(f"goodput ILP ended {g_res.status.value} without a plan ({g_res.message})")
-        return None, notes
-    assert g_res.x is not None
-    alpha_star = float(min(max(g_res.x[g_form.alpha_col], 0.0), 1.0))
-    notes.append(f"max alpha = {alpha_star:.6g} ({g_res.status.value})")
+    assert g_form.alpha_col is not None
+    alpha_lp = math.inf
+    start_x = None
+    g_lp = run(_relaxed(g_form)) if options.backend == "highs" else None
+    if g_lp is not None and g_lp.x is not None and g_lp.status is Status.OPTIMAL:
+        alpha_lp = float(g_lp.objective)
+        nu0 = max_alpha_incumbent(cols, g_lp.x[:g_form.n], ub=g_form.model.col_upper[:g_form.n])
+        start_x = np.zeros(g_form.model.num_cols)
+        start_x[:g_form.n] = nu0
+        start_x[g_form.alpha_col] = min(float(served(cols, nu0).min()), 1.0)
+    alpha_0 = float(start_x[g_form.alpha_col]) if start_x is not None else -math.inf
+    if start_x is not None and alpha_0 > 0 and (alpha_lp - alpha_0) / alpha_0 <= gap:
+        g_nu = start_x[:g_form.n].astype(np.int64)
+        g_status, alpha_bound = Status.OPTIMAL, alpha_lp  # the LP bound proves the rounded plan
+    else:
+        # Not started from the rounded plan: HiGHS's own heuristics, measured on the synthetic
+        # scarce cases, find better plans from scratch; the rounded plan is kept as a fallback.
+        g_res = run(g_form, limit=remaining() * GOODPUT_ALPHA_SHARE, gap=gap)
+        got = decode_counts(g_form, g_res)
+        if start_x is not None and (got is None or served(cols, got).min() < alpha_0):
+            got = start_x[:g_form.n].astype(np.int64)
+        if got is None:
+            notes.append(f"goodput ILP ended {g_res.status.value} without a plan ({g_res.message})")
+            return None, notes
+        g_nu = got
+        g_status = g_res.status if g_res.x is not None else Status.TIME_LIMIT
+        alpha_bound = min(alpha_lp, float(g_res.bound)) if math.isfinite(g_res.bound) else alpha_lp
+    alpha_star = float(min(max(served(cols, g_nu).min(), 0.0), 1.0))
+    alpha_gap = (alpha_bound - alpha_star) / alpha_star if alpha_star > 0 and math.isfinite(alpha_bound) else None
+    notes.append(f"max alpha = {alpha_star:.6g} ({g_status.value}"
+                 + (f", bound {min(alpha_bound, 1.0):.6g}, gap {max(alpha_gap, 0.0):.2%}" if alpha_gap is not None else "")
+                 + ")")
     fallback = build_plan(inputs, cols, g_nu, nu_prev, method=method,
-                          status=Status.TIME_LIMIT if g_res.status is Status.TIME_LIMIT else Status.FEASIBLE,
+                          status=Status.TIME_LIMIT if g_status is Status.TIME_LIMIT else Status.FEASIBLE,
                           solve_s=solve_s, gap=None, goodput_mode=True)
     if remaining() <= 0.05:
         notes.append("no time left to minimize cost at alpha*; plan is the max-alpha solution")
         return _with(fallback, status=Status.TIME_LIMIT, notes=notes), notes
 
-    # goodput mode, phase 2: minimize cost with α ≥ α* − slack
+    # goodput mode, phase 2: minimize cost with α ≥ α* − slack, from the max-α plan
     c_form = formulate(inputs, cols, nu_prev, mode="cost", alpha=max(alpha_star - ALPHA_SLACK, 0.0))
-    c_res = run(c_form)
+    x0 = np.zeros(c_form.model.num_cols)
+    x0[:c_form.n] = g_nu
+    x0[c_form.n:c_form.n + c_form.running.shape[0]] = np.maximum(g_nu[c_form.running] - nu_prev[c_form.running], 0)
+    c_res = run(c_form, gap=gap, start_x=x0)
     c_nu = decode_counts(c_form, c_res)
     if c_nu is None:
         notes.append(f"cost at alpha* ended {c_res.status.value} without a plan; plan is the max-alpha solution")
         return _with(fallback, status=c_res.status if c_res.status is not Status.INFEASIBLE else Status.ERROR,
                      notes=notes, solve_s=solve_s), notes
     status = c_res.status
-    if g_res.status is not Status.OPTIMAL and status is Status.OPTIMAL:
-        status = g_res.status  # alpha* itself was not proved optimal
+    if g_status is not Status.OPTIMAL and status is Status.OPTIMAL:
+        status = g_status  # alpha* itself was not proved optimal
     plan = build_plan(inputs, cols, c_nu, nu_prev, method=method, status=status, solve_s=solve_s,
                       gap=_gap(c_res), objective=c_res.objective, goodput_mode=True, notes=tuple(notes))
     return plan, notes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -14,7 +14,8 @@ import numpy as np
 from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.templates.template import Template, TemplateLibrary
+from coral.templates.table import TemplateTable
+from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
 PHASES: tuple[Phase, Phase] = (Phase.PREFILL, Phase.DECODE)
 HORIZON_S = 3600.0  # `H`: the start-up penalty is amortized over one hour (DESIGN §4)
@@ -39,7 +40,7 @@ class AllocationInputs:
     demand: Mapping[Group, float]
     allowed_regions: Mapping[str, tuple[str, ...]]
     slo_ms: Mapping[Group, float]
-    templates: Mapping[Group, tuple[Template, ...]]
+    templates: Mapping[Group, Sequence[Template]]
     init_s: float
     horizon_s: float = HORIZON_S
     epoch_s: float = HORIZON_S  # the re-planning period: a stopped instance's overlap is paid within it
@@ -155,7 +156,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     if nearest_latency_ms is not None:
         near = {(k[0], _phase(k[1], "nearest_latency_ms")): float(v) for k, v in nearest_latency_ms.items()}
 
-    templates = {g: tuple(library.of(*g)) for g in dem}
+    templates = {g: library.of(*g) for g in dem}  # as the library holds them (lazy columnar tables stay lazy)
     return AllocationInputs(models=models, regions=regions, configs=configs, prices=prices, availability=avail,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
@@ -193,11 +194,12 @@ class Columns:
     Per template `t` (templates of groups with demand > 0): `usage[t, c] = U_c(τ)`,
     `throughput[t] = Θ(τ)`, `group[t]`. Per column `j`: `col_t[j]`, `col_r[j]`,
     `price[j] = p_r(τ)`, `ub[j]` the most instances the availability allows (inf: unbounded).
+    `templates` is lazy: a template object is made only when a plan uses it.
     """
 
     groups: tuple[Group, ...]
     demand: np.ndarray  # per group
-    templates: tuple[Template, ...]
+    templates: Sequence[Template]
     group: np.ndarray
     usage: np.ndarray
     throughput: np.ndarray
@@ -207,10 +209,39 @@ class Columns:
     ub: np.ndarray
     avail: np.ndarray  # (R, C) nodes, inf: unbounded, 0 where not sold
     sold: np.ndarray  # (R, C) bool
+    group_start: np.ndarray | None = None  # per group, its first template's index (None: unknown)
+    theta_block: np.ndarray | None = None  # per template: rank of Θ within its group, descending,
+    # equal Θ sharing one rank, numbered across groups (group-major); see frontier_columns
 
     @property
     def num_cols(self) -> int:
         return int(self.col_t.shape[0])
+
+    def template_index(self, key: str) -> int | None:
+        """The index into `templates` of the template with this `Template.key`, or None."""
+        parsed = parse_key(key)
+        if parsed is None or self.group_start is None:
+            return None
+        model, phase, nodes = parsed
+        try:
+            gi = self.groups.index((model, phase))
+        except ValueError:
+            return None
+        assert isinstance(self.templates, ChainedTemplates)
+        row = find_template(self.templates.parts[gi], nodes)
+        return None if row is None else int(self.group_start[gi]) + row
+
+
+def parse_key(key: str) -> tuple[str, Phase, tuple[str, ...]] | None:
+    """`Template.key` (`model/phase/node+node`) back into its parts, or None when malformed."""
+    parts = key.rsplit("/", 2)
+    if len(parts) != 3 or not parts[2]:
+        return None
+    try:
+        phase = Phase(parts[1])
+    except ValueError:
+        return None
+    return parts[0], phase, tuple(parts[2].split("+"))
 
 
 def _no_template(inputs: AllocationInputs, g: Group, why: str) -> CoralError:
@@ -225,35 +256,88 @@ def _no_template(inputs: AllocationInputs, g: Group, why: str) -> CoralError:
     return CoralError(msg + "; relax the SLO, lower slo_attainment, add configurations or raise n_max / rho")
 
 
-_ARRAYS: OrderedDict[int, tuple[tuple[Template, ...], list[str], np.ndarray, np.ndarray, np.ndarray]] = OrderedDict()
+_TABLES: OrderedDict[int, tuple[Sequence[Template], TemplateTable]] = OrderedDict()
 
 
-def _group_arrays(ts: tuple[Template, ...]) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
-    """One group's templates as arrays: node names (a local list), each node as an index into it,
-    nodes per template and throughputs. Memoized per tuple (kept alive by the memo, so its id is
-    stable; the 64 most recent)."""
-    hit = _ARRAYS.get(id(ts))
+def _table(ts: Sequence[Template]) -> TemplateTable | _Rows:
+    """A group's templates as a table with arrays: the library's own table, or one made once for
+    a plain sequence (memoized per sequence, kept alive by the memo so its id is stable; the 64
+    most recent)."""
+    if isinstance(ts, TemplateTable | _Rows):
+        return ts
+    hit = _TABLES.get(id(ts))
     if hit is not None and hit[0] is ts:
-        _ARRAYS.move_to_end(id(ts))
-        return hit[1], hit[2], hit[3], hit[4]
-    local: dict[str, int] = {}
-    lengths = np.fromiter((len(t.nodes) for t in ts), dtype=np.int64, count=len(ts))
-    codes = np.fromiter((local.setdefault(n, len(local)) for t in ts for n in t.nodes), dtype=np.int64,
-                        count=int(lengths.sum()))
-    throughput = np.fromiter((t.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
-    names = list(local)
-    _ARRAYS[id(ts)] = (ts, names, codes, lengths, throughput)
-    while len(_ARRAYS) > 64:
-        _ARRAYS.popitem(last=False)
-    return names, codes, lengths, throughput
+        _TABLES.move_to_end(id(ts))
+        return hit[1]
+    table = TemplateTable(model=ts[0].model if len(ts) else "", phase=ts[0].phase if len(ts) else Phase.PREFILL,
+                          objects=ts)
+    _TABLES[id(ts)] = (ts, table)
+    while len(_TABLES) > 64:
+        _TABLES.popitem(last=False)
+    return table
 
 
-def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
+class _Rows(Sequence[Template]):
+    """Some rows of a table (the templates a filter kept), with the same arrays and lookup."""
+
+    def __init__(self, base: TemplateTable | _Rows, rows: np.ndarray) -> None:
+        self.base, self.rows = base, rows
+        names, usage, theta = base.arrays()
+        self._arrays = (names, usage[rows], theta[rows])
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self.base[int(self.rows[i])]
+
+    def arrays(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        return self._arrays
+
+    def find(self, nodes: Sequence[str]) -> int | None:
+        row = self.base.find(nodes)
+        if row is None:
+            return None
+        pos = int(np.searchsorted(self.rows, row))
+        return pos if pos < self.rows.shape[0] and self.rows[pos] == row else None
+
+
+_AT_MOST: OrderedDict[tuple[int, int], tuple[Sequence[Template], _Rows]] = OrderedDict()
+
+
+def _at_most(table: TemplateTable | _Rows, max_nodes: int) -> _Rows:
+    """The table's templates of at most `max_nodes` nodes (memoized like `_table`, so the
+    layout built on them is reused too)."""
+    hit = _AT_MOST.get((id(table), max_nodes))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    rows = _Rows(table, np.flatnonzero(table.arrays()[1].sum(axis=1, dtype=np.int64) <= max_nodes))
+    _AT_MOST[(id(table), max_nodes)] = (table, rows)
+    while len(_AT_MOST) > 64:
+        _AT_MOST.popitem(last=False)
+    return rows
+
+
+def find_template(ts: Sequence[Template], nodes: Sequence[str]) -> int | None:
+    """The index in `ts` (a group's templates) of the template on exactly `nodes`, or None."""
+    return _table(ts).find(nodes)
+
+
+def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] | None = None,
+                  max_nodes: int | None = None) -> Columns:
     """Build the column arrays (vectorized over regions and templates).
+
+    The per-template arrays (node codes, throughputs) come from the library's tables, read once
+    per library and kept, so a re-plan with the same library only redoes the per-region part;
+    no Template object is made here.
 
     Args:
         inputs: checked inputs.
-        keep: optional predicate on a Template (e.g. single-node only, for the baselines).
+        keep: optional predicate on a Template (makes every template of the library: prefer
+            `max_nodes` where it says the same).
+        max_nodes: keep only templates of at most this many nodes (e.g. 1 for the baselines).
 
     Raises:
         CoralError: a (model, phase) with demand > 0 has no template, or none that can run in
@@ -273,56 +357,51 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
         avail[i, k] = math.inf if a is None else a
 
     groups = tuple(g for g in inputs.groups if inputs.demand[g] > 0)
-    tuple_groups: list[tuple[Template, ...]] = []
+    tables: list[TemplateTable | _Rows] = []
     for g in groups:
-        ts = tuple(inputs.templates.get(g, ()))
-        if keep is not None:
-            ts = tuple(t for t in ts if keep(t))
-        if not ts:
-            raise _no_template(inputs, g, "no template meets the SLO" if keep is None
+        table = _table(inputs.templates.get(g, ()))
+        if len(table) and max_nodes is not None:
+            table = _at_most(table, max_nodes)
+        if len(table) and keep is not None:
+            table = _Rows(table, np.flatnonzero(np.fromiter((keep(t) for t in table), dtype=bool, count=len(table))))
+        if not len(table):
+            raise _no_template(inputs, g, "no template meets the SLO" if keep is None and max_nodes is None
                                else "no template of the kind this method uses (single-node) meets the SLO")
-        tuple_groups.append(ts)
-    templates = tuple(t for ts in tuple_groups for t in ts)
-    T = len(templates)
-    # Node counts per (template, config), vectorized: a library can hold ~10^6 templates, and its
-    # per-group arrays are memoized (the simulator re-plans with the same library every epoch).
-    parts = [_group_arrays(ts) for ts in tuple_groups]
-    lengths = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
-    codes = (np.concatenate([np.array([cfg_index.get(n, -1) for n in p[0]] or [-1], dtype=np.int64)[p[1]]
-                             for p in parts]) if parts else np.zeros(0, dtype=np.int64))
-    owner = np.repeat(np.arange(T, dtype=np.int64), lengths)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)  # every template has >= 1 node
-    unknown_cfg = np.zeros(T, dtype=bool)
-    unknown_cfg[owner[codes < 0]] = True  # a config the scenario does not know: never usable
-    ok = codes >= 0
-    usage = np.bincount(owner[ok] * C + codes[ok], minlength=T * C).reshape(T, C).astype(np.int64, copy=False)
-    throughput = np.concatenate([p[3] for p in parts]) if parts else np.zeros(0)
-    group = np.repeat(np.arange(len(groups), dtype=np.int64), [len(ts) for ts in tuple_groups])
-    if np.any(~np.isfinite(throughput)) or np.any(throughput <= 0):
-        raise CoralError("every template needs a finite throughput > 0")
-
+        tables.append(table)
+    lay = _layout(tables, inputs.configs)
+    T = lay.num_templates
+    group = lay.group
     # model -> allowed region mask, per group
     allowed = np.zeros((len(groups), R), dtype=bool)
     for gi, (m, _) in enumerate(groups):
         for r in inputs.allowed_regions[m]:
             allowed[gi, reg_index[r]] = True
 
+    market = (id(lay), price_rc.tobytes(), avail.tobytes(), allowed.tobytes())
+    hit = _MARKETS.get(market)
+    if hit is not None and hit[0] is lay:  # same library, prices, availability and regions: same columns
+        _, col_t_a, col_r_a, price_a, ub_a = hit
+        return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
+                       templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
+                       col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a, avail=avail, sold=sold,
+                       group_start=lay.group_start, theta_block=lay.theta_block)
     col_t, col_r, col_price, col_ub = [], [], [], []
-    used = usage > 0
-    price_t = usage.astype(float) @ price_rc.T  # [template, region] (float: BLAS, ~50x an int product)
+    ent_c, ent_u, starts = lay.ent_c, lay.ent_u, lay.ent_start
     for ri in range(R):
-        runnable = ~unknown_cfg & ~np.any(used[:, ~sold[ri]], axis=1) & allowed[group, ri]
-        # Instances that fit the availability: min over a template's nodes of avail / count.
-        ub = np.full(T, np.inf)
-        if T:
-            per_node = np.where(ok, avail[ri, np.maximum(codes, 0)] / np.maximum(usage[owner, np.maximum(codes, 0)], 1),
-                                np.inf)
-            ub = np.floor(np.minimum.reduceat(per_node, starts))
-        idx = np.flatnonzero(runnable)
+        # Per region, a gather over the (template, config) entries with U_c(τ) > 0 and one
+        # reduction per template: runnable where every config is sold and the model may run
+        # here; price `Σ_c p_r(c)·U_c(τ)`; instances that fit, `min_c ⌊A_r(c) / U_c(τ)⌋`.
+        if T and ent_c.size:
+            runnable = np.logical_and.reduceat(sold[ri, ent_c], starts) & lay.usable & allowed[group, ri]
+            idx = np.flatnonzero(runnable)
+            price = np.add.reduceat(price_rc[ri, ent_c] * ent_u, starts)[idx]
+            ub = np.floor(np.minimum.reduceat(avail[ri, ent_c] / ent_u, starts))[idx]
+        else:
+            idx, price, ub = np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
         col_t.append(idx)
         col_r.append(np.full(idx.shape[0], ri, dtype=np.int64))
-        col_price.append(price_t[idx, ri])
-        col_ub.append(ub[idx])
+        col_price.append(price)
+        col_ub.append(ub)
     col_t_a = np.concatenate(col_t) if col_t else np.zeros(0, dtype=np.int64)
     col_r_a = np.concatenate(col_r) if col_r else np.zeros(0, dtype=np.int64)
     price_a = np.concatenate(col_price) if col_price else np.zeros(0)
@@ -336,7 +415,94 @@ def build_columns(inputs: AllocationInputs, *, keep: Any = None) -> Columns:
                                       f"regions ({', '.join(inputs.allowed_regions[g[0]])}): some "
                                       "configuration of each is not sold there")
     fits = ub_a >= 1
+    col_t_a, col_r_a, price_a, ub_a = col_t_a[fits], col_r_a[fits], price_a[fits], ub_a[fits]
+    for arr in (col_t_a, col_r_a, price_a, ub_a):
+        arr.setflags(write=False)  # shared with the next epoch's Columns on the same market
+    _MARKETS[market] = (lay, col_t_a, col_r_a, price_a, ub_a)
+    while len(_MARKETS) > 4:
+        _MARKETS.popitem(last=False)
     return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
-                   templates=templates, group=group, usage=usage, throughput=throughput,
-                   col_t=col_t_a[fits], col_r=col_r_a[fits], price=price_a[fits], ub=ub_a[fits],
-                   avail=avail, sold=sold)
+                   templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
+                   col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a,
+                   avail=avail, sold=sold, group_start=lay.group_start, theta_block=lay.theta_block)
+
+
+# (layout id, prices, availability, allowed regions) -> the columns built for them (4 most recent)
+_MARKETS: OrderedDict[tuple[int, bytes, bytes, bytes], tuple[Any, np.ndarray, np.ndarray, np.ndarray,
+                                                             np.ndarray]] = OrderedDict()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Layout:
+    """What the columns of a set of group tables share across epochs (it depends on the tables and
+    the scenario's configuration order only, not on prices, availability or demand)."""
+
+    tables: tuple[Sequence[Template], ...]  # kept alive: the memo is keyed by their ids
+    templates: ChainedTemplates
+    group: np.ndarray  # per template
+    group_start: np.ndarray  # per group
+    throughput: np.ndarray  # per template
+    usage: np.ndarray  # [template, config] int32 (the scenario's config order)
+    usable: np.ndarray  # per template: every config it uses is one the scenario knows
+    ent_c: np.ndarray  # per (template, config) entry with U > 0, row-major: the config
+    ent_u: np.ndarray  # ... and U_c(τ) (float)
+    ent_start: np.ndarray  # per template: its first entry (clipped; unused where not usable)
+    theta_block: np.ndarray  # per template: see Columns.theta_block
+
+    @property
+    def num_templates(self) -> int:
+        return int(self.group.shape[0])
+
+
+_LAYOUTS: OrderedDict[tuple[tuple[int, ...], tuple[str, ...]], _Layout] = OrderedDict()
+
+
+def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -> _Layout:
+    """The shared arrays of these tables, built once and kept (the 8 most recent)."""
+    key = (tuple(id(t) for t in tables), configs)
+    hit = _LAYOUTS.get(key)
+    if hit is not None:
+        _LAYOUTS.move_to_end(key)
+        return hit
+    cfg_index = {c: i for i, c in enumerate(configs)}
+    C = len(configs)
+    sizes = np.array([len(t) for t in tables], dtype=np.int64)
+    T = int(sizes.sum())
+    usage = np.zeros((T, C), dtype=np.int32)
+    usable = np.ones(T, dtype=bool)
+    thetas = []
+    lo = 0
+    for t in tables:
+        names, u, theta = t.arrays()
+        hi = lo + len(t)
+        cols = np.array([cfg_index.get(n, -1) for n in names], dtype=np.int64)
+        known = cols >= 0
+        usage[lo:hi, cols[known]] = u[:, known]
+        if not known.all():  # a config the scenario does not know: such templates never run
+            usable[lo:hi] &= ~np.any(u[:, ~known] > 0, axis=1)
+        thetas.append(theta)
+        lo = hi
+    throughput = np.concatenate(thetas) if thetas else np.zeros(0)
+    if np.any(~np.isfinite(throughput)) or np.any(throughput <= 0):
+        raise CoralError("every template needs a finite throughput > 0")
+    ent_t, ent_c = np.nonzero(usage)
+    usable &= np.bincount(ent_t, minlength=T) > 0
+    ent_start = np.minimum(np.searchsorted(ent_t, np.arange(T)), max(ent_t.size - 1, 0))
+    group = np.repeat(np.arange(len(tables), dtype=np.int64), sizes)
+    # Θ blocks: sort by (group, -Θ); a new block starts at every change of group or Θ.
+    order = np.lexsort((-throughput, group))
+    new_block = np.ones(T, dtype=bool)
+    new_block[1:] = (group[order][1:] != group[order][:-1]) | (throughput[order][1:] != throughput[order][:-1])
+    theta_block = np.empty(T, dtype=np.int64)
+    theta_block[order] = np.cumsum(new_block) - 1
+    lay = _Layout(tables=tuple(tables), templates=ChainedTemplates(tables), group=group, theta_block=theta_block,
+                  group_start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
+                  throughput=throughput, usage=usage, usable=usable, ent_c=ent_c,
+                  ent_u=usage[ent_t, ent_c].astype(float), ent_start=ent_start)
+    for arr in (lay.group, lay.group_start, lay.throughput, lay.usage, lay.usable, lay.ent_c, lay.ent_u,
+                lay.ent_start, lay.theta_block):
+        arr.setflags(write=False)  # shared by every Columns built from these tables
+    _LAYOUTS[key] = lay
+    while len(_LAYOUTS) > 8:
+        _LAYOUTS.popitem(last=False)
+    return lay

@@ -1,6 +1,7 @@
 """Build the template library of a scenario: enumerate node multisets, solve, prune, cache (DESIGN §3)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -13,13 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from coral.atomic import write_text
 from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
-from coral.templates import kernel
-from coral.templates.exact import assign_blocks, solve_exact
 from coral.templates.problem import (
     FIRST,
     LAST,
@@ -31,6 +29,7 @@ from coral.templates.problem import (
     decode_caps,
     evaluate,
 )
+from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
 LIBRARY_FORMAT = "coral-templates/3"  # 3: budgets from coral.templates.budget, Θ on the length distribution
@@ -143,6 +142,9 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     caps to reach `L`. With the default solver and numba present, the whole loop runs compiled
     (`kernel.solve_multiset`, same order and bounds).
     """
+    from coral.templates import kernel  # the solvers load only when something is solved
+    from coral.templates.exact import solve_exact
+
     if solver is None and kernel.enabled() and len(nodes) <= timings.spec.n_max:
         return _solve_multiset_jit(timings, nodes, floor)
     local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
@@ -178,6 +180,9 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
 
 
 def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -> Placement | None:
+    from coral.templates import kernel
+    from coral.templates.exact import assign_blocks
+
     names = list(dict.fromkeys(nodes))  # node types in order of first appearance
     groups = [[k for k, n in enumerate(nodes) if n == name] for name in names]
     counts = tuple(len(g) for g in groups)
@@ -360,7 +365,13 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "coral" / "templates"
 
 
-def _read_cache(path: Path) -> tuple[list[Template], LibraryStats] | None:
+def cache_path(spec: TemplateSpec, perf: PerfModel, cache_dir: Path) -> Path:
+    """Where one (model, phase)'s library lives in the cache: named by its content key."""
+    return cache_dir / f"{spec.model.name}-{spec.phase.value}-{spec.cache_key(perf)}.parquet"
+
+
+def _read_legacy(path: Path) -> tuple[list[Template], LibraryStats] | None:
+    """A cache entry in the JSON Lines format that came before Parquet (same key), or None."""
     try:
         lines = path.read_text().splitlines()
         head = json.loads(lines[0])
@@ -369,30 +380,37 @@ def _read_cache(path: Path) -> tuple[list[Template], LibraryStats] | None:
         stats = LibraryStats(**{**head["stats"], "phase": Phase(head["stats"]["phase"]), "cached": True})
         return [template_from_dict(json.loads(ln)) for ln in lines[1:] if ln.strip()], stats
     except (OSError, ValueError, KeyError, IndexError, TypeError):
-        return None  # missing or unreadable: rebuild (writes are atomic, so this is rare)
-
-
-def _write_cache(path: Path, templates: list[Template], stats: LibraryStats) -> None:
-    """Write atomically (a temporary file, then rename), so an interrupted build never leaves a
-    half-written entry."""
-    head = {"format": LIBRARY_FORMAT, "stats": {**asdict(stats), "phase": stats.phase.value}}
-    write_text(path, "".join(json.dumps(x) + "\n" for x in [head, *map(template_to_dict, templates)]))
+        return None  # missing or unreadable
 
 
 def build_cached(spec: TemplateSpec, perf: PerfModel, cache_dir: Path | None,
-                 progress: ProgressFn | None = None, jobs: int = 1) -> tuple[list[Template], LibraryStats]:
-    """`build_one`, reading / writing the content-addressed cache when `cache_dir` is given."""
+                 progress: ProgressFn | None = None, jobs: int = 1) -> tuple[Sequence[Template], LibraryStats]:
+    """`build_one`, reading / writing the content-addressed cache when `cache_dir` is given.
+
+    A cache hit opens the (model, phase)'s Parquet file lazily (`columnar.TemplateTable`: its
+    footer now, the columns a caller needs when it asks). An entry left in the older JSON Lines
+    format under the same key is converted once instead of being solved again.
+    """
+    from coral.templates import columnar
+
     if cache_dir is None:
-        return build_one(spec, perf, progress, jobs)
-    path = cache_dir / f"{spec.model.name}-{spec.phase.value}-{spec.cache_key(perf)}.jsonl"
-    hit = _read_cache(path)
+        templates, stats = build_one(spec, perf, progress, jobs)
+        return TemplateTable(model=spec.model.name, phase=spec.phase, stats=stats, objects=templates), stats
+    path = cache_path(spec, perf, cache_dir)
+    hit = columnar.read(path)
+    if hit is None:
+        legacy = _read_legacy(path.with_suffix(".jsonl"))
+        if legacy is not None:
+            columnar.write(path, legacy[0], dataclasses.replace(legacy[1], cached=False))
+            hit = columnar.read(path)
     if hit is not None:
         if progress:
             progress(1, 1)
-        return hit
+        assert hit.stats is not None
+        return hit, hit.stats
     templates, stats = build_one(spec, perf, progress, jobs)
-    _write_cache(path, templates, stats)
-    return templates, stats
+    columnar.write(path, templates, stats)
+    return TemplateTable(model=spec.model.name, phase=spec.phase, stats=stats, objects=templates), stats
 
 
 def check_multiset(nodes: Sequence[str], n_max: int) -> None:
@@ -444,7 +462,8 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
 
 def _build_unit(args: tuple[TemplateSpec, PerfModel, Path | None]) -> tuple[list[Template], LibraryStats]:
     spec, perf, cache_dir = args
-    return build_cached(spec, perf, cache_dir)
+    templates, stats = build_cached(spec, perf, cache_dir)
+    return list(templates), stats  # plain objects travel back from a Ray worker
 
 
 StepFn = Callable[[TemplateSpec, int, int], None]  # (unit, multisets done, multisets in the unit)
@@ -482,6 +501,7 @@ def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None
     if executor not in ("local", "ray"):
         raise CoralError(f"unknown executor {executor!r}; valid executors: local, ray")
     specs = specs_for(scenario, n_max, rho, models)
+    results: list[tuple[Sequence[Template], LibraryStats]]
     if executor == "ray":
         results = _run_ray([(s, scenario.perf, cache_dir) for s in specs], address, progress)
         order = {(s.model.name, s.phase): i for i, s in enumerate(specs)}
@@ -493,11 +513,11 @@ def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None
             results.append(build_cached(spec, scenario.perf, cache_dir, cb, jobs))
             if progress:
                 progress(results[-1][1])
-    return TemplateLibrary(templates=tuple(t for ts, _ in results for t in ts), stats=tuple(s for _, s in results))
+    return TemplateLibrary.from_groups({(st.model, st.phase): ts for ts, st in results}, stats=(st for _, st in results))
 
 
 def _run_ray(tasks: list[tuple[TemplateSpec, PerfModel, Path | None]], address: str | None,
-             progress: Callable[[LibraryStats], None] | None) -> list[tuple[list[Template], LibraryStats]]:
+             progress: Callable[[LibraryStats], None] | None) -> list[tuple[Sequence[Template], LibraryStats]]:
     """Run one (model, phase) per Ray task on an existing (or local) Ray cluster."""
     try:
         import ray  # type: ignore[import-not-found]

@@ -1,9 +1,12 @@
 """Serving templates `τ = (m, φ, ℓ, G', Ψ*)` and a library of them."""
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
 from coral.perf.model import Phase
 from coral.templates.problem import Placement
@@ -72,28 +75,80 @@ class LibraryStats:
     cached: bool = False
 
 
+class ChainedTemplates(Sequence[Template]):
+    """Several template sequences read as one, without copying them (a library of ~10^6
+    templates keeps each (model, phase) in its own lazy columnar table)."""
+
+    def __init__(self, parts: Iterable[Sequence[Template]]) -> None:
+        self.parts = tuple(parts)
+        self._ends = list(itertools.accumulate(len(p) for p in self.parts))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, i: int) -> Template: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Template]: ...
+
+    def __getitem__(self, i: int | slice) -> Template | Sequence[Template]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"template {i} of {n}")
+        i %= n
+        part = bisect.bisect_right(self._ends, i)
+        return self.parts[part][i - (self._ends[part - 1] if part else 0)]
+
+    def __iter__(self) -> Iterator[Template]:
+        for p in self.parts:
+            yield from p
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TemplateLibrary:
-    """All kept templates of a scenario, grouped by (model, phase)."""
+    """All kept templates of a scenario, grouped by (model, phase).
 
-    templates: tuple[Template, ...]
+    Built from `templates` (grouped here), or with `from_groups` from one sequence per
+    (model, phase) (the cache's lazy columnar tables: nothing is read until asked for).
+    """
+
+    templates: Sequence[Template] = ()
     stats: tuple[LibraryStats, ...] = ()
-    _index: dict[tuple[str, Phase], tuple[Template, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _index: dict[tuple[str, Phase], Sequence[Template]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self._index:  # from_groups: the groups are given
+            return
         index: dict[tuple[str, Phase], list[Template]] = {}
         for t in self.templates:
             index.setdefault((t.model, t.phase), []).append(t)
         self._index.update({k: tuple(v) for k, v in index.items()})
 
-    def of(self, model: str, phase: Phase) -> tuple[Template, ...]:
+    @classmethod
+    def from_groups(cls, groups: Mapping[tuple[str, Phase], Sequence[Template]],
+                    stats: Iterable[LibraryStats] = ()) -> TemplateLibrary:
+        """A library from one template sequence per (model, phase), used as given."""
+        index = {k: v for k, v in groups.items() if len(v)}
+        return cls(templates=ChainedTemplates(index.values()), stats=tuple(stats), _index=index)
+
+    @property
+    def groups(self) -> tuple[tuple[str, Phase], ...]:
+        return tuple(self._index)
+
+    def of(self, model: str, phase: Phase) -> Sequence[Template]:
         return self._index.get((model, phase), ())
 
     @classmethod
     def merge(cls, parts: Iterable[TemplateLibrary]) -> TemplateLibrary:
         parts = list(parts)
-        return cls(templates=tuple(t for p in parts for t in p.templates),
-                   stats=tuple(s for p in parts for s in p.stats))
+        groups: dict[tuple[str, Phase], list[Sequence[Template]]] = {}
+        for p in parts:
+            for g in p.groups:
+                groups.setdefault(g, []).append(p.of(*g))
+        return cls.from_groups({g: v[0] if len(v) == 1 else ChainedTemplates(v) for g, v in groups.items()},
+                               stats=(s for p in parts for s in p.stats))
 
 
 def drop_dominated(templates: list[Template]) -> list[Template]:

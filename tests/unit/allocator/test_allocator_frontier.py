@@ -68,3 +68,36 @@ def test_frontier_mask_hand_example():
     keep = frontier_columns(inputs, cols, np.zeros(cols.num_cols, dtype=np.int64))
     kept = sorted(cols.templates[int(cols.col_t[j])].nodes for j in np.flatnonzero(keep))
     assert kept == [("A",), ("C",)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_linear_frontier_equals_sorting_and_brute_force(seed):
+    # coarse throughputs and prices, so ties in Θ, in cost and exact duplicates all occur
+    from coral.allocator.allocate import _frontier_by_sort
+
+    rng = random.Random(seed)
+    regions, configs = ["r1", "r2", "r3"], ["A", "B", "C", "D"]
+    prices = {(r, c): float(rng.randint(1, 3)) for r in regions for c in configs if rng.random() < 0.8}
+    templates, seen = [], set()
+    for m in ("m1", "m2"):
+        for ph in (P, D):
+            for _ in range(30):
+                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
+                if (m, ph, nodes) not in seen:
+                    seen.add((m, ph, nodes))
+                    templates.append(make_template(m, ph, nodes, float(rng.choice([10, 20, 30, 40]))))
+    scenario = make_scenario(["m1", "m2"], prices, {k: 50 for k in prices})
+    inputs = build_inputs(scenario, make_library(templates),
+                          demand=demand_of({(m, ph): 100.0 for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"]))
+    cols = build_columns(inputs)
+    prev = np.zeros(cols.num_cols)
+    prev[rng.randrange(cols.num_cols)] = 2  # a running column is always kept
+    fast = frontier_columns(inputs, cols, prev)
+    assert (fast == _frontier_by_sort(inputs, cols, prev)).all()
+    theta = cols.throughput[cols.col_t]
+    grp = cols.group[cols.col_t]
+    cost = cols.price * (1 + inputs.init_s / inputs.horizon_s)
+    for j in range(cols.num_cols):  # kept iff nothing earlier-or-better dominates it
+        beaten = any(grp[k] == grp[j] and cost[k] <= cost[j] and theta[k] >= theta[j]
+                     and (cost[k] < cost[j] or theta[k] > theta[j] or k < j) for k in range(cols.num_cols) if k != j)
+        assert fast[j] == (not beaten or prev[j] > 0)
