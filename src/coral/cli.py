@@ -967,5 +967,15 @@ def _register_optional() -> None:
 
 _register_optional()
 
+
+def _register_deploy() -> None:
+    """`coral export` (plan -> SkyPilot / vLLM files) needs no runtime extra."""
+    from coral.runtime.deploy.cli import export_cmd
+
+    main.add_command(export_cmd)
+
+
+_register_deploy()
+
 if __name__ == "__main__":
     main()
