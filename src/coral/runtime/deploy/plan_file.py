@@ -186,7 +186,10 @@ def load_plan_file(path: str | Path, scenario: str | None = None) -> PlanFile:
     except json.JSONDecodeError as e:
         raise CoralError(f"--plan {p}: not JSON ({e.msg} at line {e.lineno}); pass a file from `coral plan --out`") from None
     check_version(data, str(p))
-    name = scenario or data.get("scenario")
+    source = data.get("scenario_source")
+    if scenario is None and isinstance(source, str) and source.endswith((".yaml", ".yml")) and not Path(source).is_file():
+        raise CoralError(f"{p}: its scenario file {source} is gone; pass --scenario PATH")
+    name = scenario or (source if isinstance(source, str) and source else data.get("scenario"))
     if not isinstance(name, str) or not name:
         raise CoralError(f"{p}: field 'scenario' is missing; pass --scenario NAME")
     return parse_plan(data, load_scenario(name), str(p))
