@@ -23,7 +23,8 @@ __all__ = ["keys", "serve"]
 def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
     from coral.runtime.cluster_config import load_cluster
-    from coral.runtime.provisioner import Deployment, LocalProvisioner
+    from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.provisioner import LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
