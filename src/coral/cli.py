@@ -2,21 +2,28 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from coral import __version__
 from coral.atomic import write_text
-from coral.cli_support import CoralGroup, err_console
+from coral.cli_support import (
+    EXIT_INFEASIBLE,
+    CoralGroup,
+    check_output_path,
+    err_console,
+    progress_display,
+    stdout_console,
+)
 from coral.errors import CoralError
 
-console = Console()
+console = stdout_console()
 _Group = CoralGroup
 
 
@@ -36,6 +43,11 @@ def main() -> None:
       coral scenario show core         a built-in scenario, resolved
       coral perf --model qwen3-32b --node 1xL40S --phase decode --batch 8 --prompt-tokens 1000
       coral templates solve --model qwen3-32b --phase prefill --slo-ms 2500 --nodes 1xL40S,1xL40S,2xL4
+      coral scenario init my.yaml      a commented starter scenario of your own
+
+    \b
+    Exit codes: 0 done; 2 bad input (one line naming the field, nothing written);
+    4 `coral plan` found no plan that serves any demand (nothing written).
     """
 
 
@@ -229,16 +241,23 @@ def scenario_list() -> None:
 
 
 def scenario_summary(s: Any) -> dict[str, Any]:
+    from coral.allocator.demand import capacity_targets
     from coral.perf import Phase
 
+    offered = _offered_demand(s)
+    targets = capacity_targets(s)
     return {
         "name": s.name, "description": s.description,
         "models": [{"name": m.name, "spec": m.spec.name, "ttft_ms": m.ttft_ms, "tpot_ms": m.tpot_ms,
                     "rate_per_s": m.rate_per_s, "dataset": m.workload.dataset,
                     "prompt_tokens_mean": m.prompt_tokens_mean, "output_tokens_mean": m.output_tokens_mean,
                     "slo_attainment": m.slo.attainment,
-                    "demand_prefill_tok_per_s": m.demand_tok_per_s(Phase.PREFILL),
-                    "demand_decode_tok_per_s": m.demand_tok_per_s(Phase.DECODE),
+                    "demand_prefill_tok_per_s": offered[(m.name, Phase.PREFILL)],
+                    "demand_decode_tok_per_s": offered[(m.name, Phase.DECODE)],
+                    # the capacity the allocator plans for (queueing model on the traffic sample), as
+                    # `allocator.build_inputs` computes it
+                    "capacity_target_prefill_tok_per_s": targets[(m.name, Phase.PREFILL)].capacity_tok_per_s,
+                    "capacity_target_decode_tok_per_s": targets[(m.name, Phase.DECODE)].capacity_tok_per_s,
                     "regions": list(m.regions) if m.regions else "all"} for m in s.models],
         "configs": [c.name for c in s.configs],
         "regions": [{"name": r, "offers": [{"config": c, "price_usd_per_h": s.prices[(r, c)],
@@ -266,12 +285,14 @@ def scenario_show(name: str, as_json: bool) -> None:
         return _emit_json(data)
     console.print(f"[bold]{s.name}[/]: {s.description}")
     t = Table(title="Models")
-    for col in ("model", "TTFT ms", "TPOT ms", "req/s", "dataset", "P̄ / D̄ tokens", "demand prefill / decode tok/s"):
+    for col in ("model", "TTFT ms", "TPOT ms", "req/s", "dataset", "P̄ / D̄ tokens", "demand prefill / decode tok/s",
+                "capacity target prefill / decode tok/s"):
         t.add_column(col)
     for m in data["models"]:
         t.add_row(m["name"], f"{m['ttft_ms']:g}", f"{m['tpot_ms']:g}", f"{m['rate_per_s']:g}", m["dataset"],
                   f"{m['prompt_tokens_mean']:.0f} / {m['output_tokens_mean']:.0f}",
-                  f"{m['demand_prefill_tok_per_s']:,.0f} / {m['demand_decode_tok_per_s']:,.0f}")
+                  f"{m['demand_prefill_tok_per_s']:,.0f} / {m['demand_decode_tok_per_s']:,.0f}",
+                  f"{m['capacity_target_prefill_tok_per_s']:,.0f} / {m['capacity_target_decode_tok_per_s']:,.0f}")
     console.print(t)
     t = Table(title="Offers ($/h, available nodes)")
     t.add_column("config")
@@ -286,6 +307,22 @@ def scenario_show(name: str, as_json: bool) -> None:
         console.print("derived: a shape the region does not sell, priced per GPU from the nearest larger shape sold there "
                       "(derive_missing_prices)")
     console.print(f"perf model: {s.perf.version}; planner: {s.planner.model_dump()}")
+    console.print("demand: the traffic (req/s x mean tokens); capacity target: what the plan provisions for it "
+                  "(see `planner` in docs/scenarios.md)", highlight=False)
+
+
+@scenario.command("init")
+@click.argument("path", type=click.Path(dir_okay=False))
+def scenario_init(path: str) -> None:
+    """Write a commented starter scenario to PATH (never overwrites); edit it, then
+    `coral scenario show PATH`. Every field is listed in docs/scenarios.md."""
+    from coral.scenario.starter import STARTER_YAML
+
+    p = check_output_path(path, "PATH", folder=False)
+    if p.exists():
+        raise CoralError(f"{p} already exists; give a new file name (coral scenario init never overwrites)")
+    write_text(p, STARTER_YAML)
+    console.print(f"wrote {p}; check it with `coral scenario show {p}`", highlight=False, soft_wrap=True)
 
 
 # --- calibrate -------------------------------------------------------------------------------
@@ -538,7 +575,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
                     rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
     """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, specs_for
@@ -548,8 +585,9 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
         s.model(m)
     units = len(specs_for(s, n_max, rho, models or None))
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} model-phases"),
-                  TimeElapsedColumn(), console=err_console, disable=as_json) as bar:
+    with progress_display(TextColumn("{task.description}"), BarColumn(),
+                          TextColumn("{task.completed}/{task.total} model-phases"), TimeElapsedColumn(),
+                          console=err_console, disable=as_json) as bar:
         task = bar.add_task(f"building templates ({jobs} job{'s' if jobs > 1 else ''})", total=units)
 
         def progress(st: Any) -> None:
@@ -641,13 +679,14 @@ def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, 
                      jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
     """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
     and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from coral.experiments.motivation import motivation
 
-    with Progress(TextColumn("templates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, disable=as_json, transient=True) as bar:
-        task = bar.add_task("t", total=None)
+    check_output_path(out, "--out", folder=True)
+    with progress_display(TextColumn("templates"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task(f"templates {model} {phase}", total=None)
         result = motivation(scenario=scenario_name, model=model, phase=phase, slo_ms=slo_ms, region=region, n_max=n_max,
                             jobs=jobs, cache_dir=_cache_dir(cache_dir, False), out=Path(out),
                             step=lambda spec, done, total: bar.update(task, completed=done, total=total))
@@ -663,7 +702,10 @@ _scenario_opt = click.option("--scenario", "scenario_name", required=True, help=
 _method_opt = click.option("--method", type=click.Choice(["coral", "homo", "cauchy", "template-greedy"]), default="coral",
                            show_default=True, help="Allocation method (the baselines use the same templates and catalog).")
 _avail_opt = click.option("--availability", type=click.Choice(["abundant", "tight"]), default="abundant", show_default=True,
-                          help="abundant: the scenario's availability; tight: 25 %% (core) / 75 %% (extended) above the minimum.")
+                          help="abundant: the scenario's availability. tight: only the (region, config) pairs Coral's "
+                               "own abundant plan rents, each capped at that count + 25 % (75 % for extended), every "
+                               "other pair 0. Coral's plan at the same demand always fits it, so `coral plan` is "
+                               "unchanged; it limits the baselines and the simulator's re-plans.")
 _scale_opt = click.option("--demand-scale", type=float, default=1.0, show_default=True, help="Multiply every model's rate.")
 _jobs_opt = click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Processes for a library build.")
 _cache_opt = click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Template cache folder.")
@@ -671,12 +713,20 @@ _nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
                          help="Override the scenario's n_max (most nodes per template) for the library.")
 
 
+def _offered_demand(s: Any) -> dict[tuple[str, Any], float]:
+    """The traffic itself per (model, phase), tok/s: rate x mean prompt (prefill) or output (decode)
+    tokens, with no capacity headroom (the plan's demand lines carry the capacity target)."""
+    from coral.perf import Phase
+
+    return {(m.name, ph): m.rate_per_s * (m.prompt_tokens_mean if ph is Phase.PREFILL else m.output_tokens_mean)
+            for m in s.models for ph in Phase}
+
+
 def _prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
                            cache_dir: str | None, quiet: bool, n_max: int | None = None) -> Any:
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
-        Progress,
         TextColumn,
         TimeElapsedColumn,
         TimeRemainingColumn,
@@ -685,8 +735,9 @@ def _prepare_with_progress(scenario_name: str, demand_scale: float, availability
     from coral.experiments.pipeline import prepare, scaled_scenario
 
     scenario = scaled_scenario(scenario_name, demand_scale)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("multisets"),
-                  TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet, transient=True) as bar:
+    with progress_display(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("multisets"),
+                          TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet,
+                          transient=True) as bar:
         tasks: dict[Any, Any] = {}
 
         def step(spec: Any, done: int, total: int) -> None:
@@ -748,7 +799,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
     Capacity per (model, phase) is sized so that the model's slo_attainment share of its requests
     meets both SLOs on its traffic (docs/allocator.md). Exit codes: 0 plan written, 2 bad input,
-    3 --verify / --calibrate predict a model below its attainment target.
+    3 --verify / --calibrate predict a model below its attainment target, 4 the plan serves none of
+    the demand (nothing written).
     """
     from coral.allocator import render_plan
     from coral.experiments.pipeline import plan
@@ -760,6 +812,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                  options, plot_path, out, as_json)
     if plot_path:
         raise CoralError("--plot goes with --attainment (the cost-of-attainment plot)")
+    if out:
+        check_output_path(out, "--out", folder=False)
     setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
     setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path)
     steps: list[Any] = []
@@ -782,8 +836,19 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                      verdicts=tuple(verify_plan(setup, result)))]
             if not as_json:
                 _print_verdicts(steps[0].verdicts, f"verification: plan {result.cost_usd_per_h:.2f} $/h, one epoch simulated")
+    offered = _offered_demand(setup.scenario)
     data = _mark_derived({"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
+                          "offered_tok_per_s": [{"model": m, "phase": ph.value, "tok_per_s": v}
+                                                for (m, ph), v in offered.items()],
                           **result.to_json()}, setup.scenario)
+    if result.alpha <= 0 and any(d.demand_tok_per_s > 0 for d in result.demand):
+        why = "; ".join(result.notes) or "no template fits the available nodes"
+        if as_json:
+            _emit_json({**data, "feasible": False})
+        err_console.print(f"[bold red]infeasible:[/] the {method} plan serves none of the demand (alpha 0): {why}. "
+                          "Allow more nodes (availability), other shapes (configs) or looser SLOs; nothing written.",
+                          highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INFEASIBLE)
     if steps:
         data["verification"] = [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
                                  "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
@@ -796,7 +861,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     if as_json:
         _emit_json(data)
     else:
-        render_plan(result, console, derived=setup.scenario.derived)
+        render_plan(result, console, offered, derived=setup.scenario.derived)
         _print_deploy_fields(data)
         if out:
             console.print(f"plan written to {out}")
@@ -876,31 +941,47 @@ def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, dem
 
     def note(a: float, p: Any) -> None:
         if not as_json:
-            err_console.print(f"attainment {a:.0%}: {p.cost_usd_per_h:,.2f} $/h")
+            err_console.print(f"attainment {a:.0%}: " + (f"{p.cost_usd_per_h:,.2f} $/h" if not isinstance(p, str)
+                                                          else "unreachable"))
 
+    if out:
+        check_output_path(out, "--out", folder=False)
+    if plot_path:
+        check_output_path(plot_path, "--plot", folder=False)
     rows = attainment_costs(scenario_name, targets, method=method, demand_scale=demand_scale, availability=availability,
                             jobs=jobs, cache_dir=Path(cache_dir) if cache_dir else None, options=options, on_target=note)
-    per_model = [{m: sum(c for (mm, _), c in p.cost_by_model_phase().items() if mm == m)
-                  for m in dict.fromkeys(d.model for d in p.demand)} for _, p in rows]
+    solved = [(a, p) for a, p in rows if not isinstance(p, str)]
+    if not solved:
+        raise CoralError("no attainment target is reachable: " + "; ".join(f"{a:g}: {p}" for a, p in rows))
+    models = list(dict.fromkeys(d.model for _, p in solved for d in p.demand))
+    per_model = {a: {m: sum(c for (mm, _), c in p.cost_by_model_phase().items() if mm == m) for m in models}
+                 for a, p in solved}
     data: dict[str, Any] = {
         "scenario": scenario_name, "method": method, "availability": availability, "demand_scale": demand_scale,
-        "rows": [{"attainment": a, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value, "cost_by_model": pm}
-                 for (a, p), pm in zip(rows, per_model, strict=True)]}
+        "rows": [{"attainment": a, "reachable": False, "reason": p} if isinstance(p, str) else
+                 {"attainment": a, "reachable": True, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value,
+                  "cost_by_model": per_model[a]} for a, p in rows]}
     if plot_path:
-        plot_attainment_costs([(a, p.cost_usd_per_h) for a, p in rows], plot_path,
+        plot_attainment_costs([(a, p.cost_usd_per_h) for a, p in solved], plot_path,
                               f"{scenario_name} ({method}): the cost of attainment")
     if out:
         write_text(Path(out), json.dumps(data, indent=2))
     if as_json:
         return _emit_json(data)
-    base = rows[0][1].cost_usd_per_h
+    base = solved[0][1].cost_usd_per_h
     table = Table(title=f"Cost of attainment ({scenario_name}, {method})")
-    for col in ("target", "$/h", f"x {rows[0][0]:.0%}", *(f"{m} $/h" for m in per_model[0])):
+    for col in ("target", "$/h", f"x {solved[0][0]:.0%}", *(f"{m} $/h" for m in models)):
         table.add_column(col, justify="right")
-    for (a, p), pm in zip(rows, per_model, strict=True):
-        table.add_row(f"{a:.0%}", f"{p.cost_usd_per_h:,.2f}", f"{p.cost_usd_per_h / base:.2f}" if base else "-",
-                      *(f"{c:,.2f}" for c in pm.values()))
+    for a, p in rows:
+        if isinstance(p, str):
+            table.add_row(f"{a:.1%}", "unreachable", "-", *("-" for _ in models))
+            continue
+        table.add_row(f"{a:.1%}", f"{p.cost_usd_per_h:,.2f}", f"{p.cost_usd_per_h / base:.2f}" if base else "-",
+                      *(f"{c:,.2f}" for c in per_model[a].values()))
     console.print(table)
+    for a, p in rows:
+        if isinstance(p, str):
+            console.print(f"{a:.1%} is unreachable: {p}", highlight=False)
     if plot_path:
         console.print(f"plot written to {plot_path}")
 
@@ -927,15 +1008,17 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
                  n_max: int | None, out: str | None, as_json: bool) -> None:
     """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
     re-planning every epoch."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from coral.experiments.pipeline import run_simulation
 
+    if out:
+        check_output_path(out, "--out", folder=True)
     setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
     t0 = time.perf_counter()
-    with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
-                  TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:
-        task = bar.add_task("sim", total=duration_s)
+    with progress_display(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+                          TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task("simulating (simulated s)", total=duration_s)
         run = run_simulation(setup, method, duration_s=duration_s, epoch_s=epoch_s, seed=seed, data_dir=data_dir,
                              progress=lambda now, total: bar.update(task, completed=now))
     summary = run.result.summary()

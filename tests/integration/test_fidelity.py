@@ -65,6 +65,9 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
         assert math.isfinite(s[metric]["p90_ape"])
     for name in ("report.md", "fidelity_cdf.png", "requests.csv", "calibration.csv", "profile.csv", "cluster.yaml"):
         assert (out / name).is_file(), name
+    from coral.experiments.report import table_problems
+
+    assert [] == table_problems((out / "report.md").read_text())  # every row as wide as its header
     # the calibration ran on its own requests, before and after the trace, and fitted sane values
     cal = s["calibration"]
     assert cal["requests"] == 2 * (6 + 10)  # 6 isolated + groups of 2 and 3 twice, before and after

@@ -193,8 +193,10 @@ def test_bench_cli_arguments(tmp_path: Path) -> None:
     assert 0 != r.exit_code and "unknown goodput metric" in r.output
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,4,2\n0.1,5,3\n")
-    # nothing listens on port 9: both requests are sent and both fail, explicitly
+    # nothing listens on port 9: both requests are sent and both fail, explicitly; with nothing
+    # measured the command exits 1, so a script does not take the run for a benchmark
     r = CliRunner().invoke(bench_serve, ["--url", "http://127.0.0.1:9", "--model", "m", "--trace", str(trace), "--duration-s", "5", "--json", "--timeout-s", "2"])
-    assert 0 == r.exit_code, r.output
+    assert 1 == r.exit_code, r.output
+    assert "every request to http://127.0.0.1:9 failed" in r.output and "Traceback" not in r.output
     out = json.loads(r.output[: r.output.rindex("}") + 1])
     assert (2, 0, 2) == (out["sent"], out["completed"], out["failed"])

@@ -54,7 +54,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
 
     Args:
         scenario: models (order, SLOs, region restrictions, nominal demand), prices, availability,
-            planner settings (`target_utilization`, `init_s`).
+            planner settings (`init_s`, `epoch_s`).
         library: the serving templates.
         method: "coral" (the joint ILP, DESIGN §4), "homo", "cauchy" or "template-greedy".
         demand: tokens/s per (model, phase) replacing the nominal demand (e.g. observed demand

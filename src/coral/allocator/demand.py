@@ -46,7 +46,9 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
 
     memo_key = None
     if samples is None and not scale and not boost:
-        memo_key = (scenario.source.model_dump_json(), str(scenario.base_dir))
+        from coral.scenario.traffic import scenario_key
+
+        memo_key = scenario_key(scenario)
         hit = _MEMO.get(memo_key)
         if hit is not None:
             return hit

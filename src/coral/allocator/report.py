@@ -1,22 +1,29 @@
 """Render a `Plan` as rich tables (nodes per region, instances, demand vs capacity, cost)."""
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 from rich.console import Console
 from rich.table import Table
 
 from coral.allocator.plan import Plan
+from coral.perf.model import Phase
 
 
 def _fmt(x: float | None, spec: str = ".4g") -> str:
     return "-" if x is None else format(x, spec)
 
 
-def plan_tables(plan: Plan, derived: Collection[tuple[str, str]] = ()) -> list[Table]:
+def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = None,
+                derived: Collection[tuple[str, str]] = ()) -> list[Table]:
     """The plan as four tables: summary, nodes per region, instances, demand vs capacity and cost
-    by (model, phase). `derived` (region, config) shapes, which the region does not sell, are
-    marked "(derived)". No I/O; the caller prints them."""
+    by (model, phase). No I/O; the caller prints them.
+
+    The demand lines hold the capacity the allocator was asked for (the *capacity target*: the
+    capacity that keeps the attainment target on the model's traffic, `coral.allocator.demand`);
+    `offered`, the traffic itself in tok/s per (model, phase), adds it as its own column, so neither
+    is mistaken for the other. `derived` (region, config) shapes, which the region does not sell,
+    are marked "(derived)"."""
     summary = Table(title=f"Plan ({plan.method})", show_header=False)
     summary.add_column("field")
     summary.add_column("value", justify="right")
@@ -50,19 +57,30 @@ def plan_tables(plan: Plan, derived: Collection[tuple[str, str]] = ()) -> list[T
                      f"{i.throughput_tok_per_s:,.0f}", f"{i.price_usd_per_h:.2f}")
 
     dem = Table(title="Demand vs capacity")
-    for col in ("model", "phase", "demand tok/s", "capacity tok/s", "served", "$/h"):
+    cols = ("model", "phase", *(("demand tok/s",) if offered is not None else ()), "capacity target tok/s",
+            "planned capacity tok/s", "of target", *(("load",) if offered is not None else ()), "$/h")
+    for col in cols:
         dem.add_column(col, justify="left" if col in ("model", "phase") else "right")
     cost = plan.cost_by_model_phase()
     for d in plan.demand:
-        dem.add_row(d.model, d.phase.value, f"{d.demand_tok_per_s:,.0f}", f"{d.capacity_tok_per_s:,.0f}",
-                    f"{d.served_fraction:.1%}", f"{cost.get((d.model, d.phase), 0.0):.2f}")
+        raw: tuple[str, ...] = ()
+        load: tuple[str, ...] = ()
+        if offered is not None:
+            o = offered.get((d.model, d.phase))
+            raw = ("-" if o is None else f"{o:,.0f}",)
+            load = ("-" if o is None or d.capacity_tok_per_s <= 0 else f"{o / d.capacity_tok_per_s:.1%}",)
+        dem.add_row(d.model, d.phase.value, *raw, f"{d.demand_tok_per_s:,.0f}", f"{d.capacity_tok_per_s:,.0f}",
+                    f"{d.served_fraction:.1%}", *load, f"{cost.get((d.model, d.phase), 0.0):.2f}")
     return [summary, nodes, inst, dem]
 
 
-def render_plan(plan: Plan, console: Console | None = None, derived: Collection[tuple[str, str]] = ()) -> None:
-    """Print the plan's tables to `console` (default: a new stdout console); `derived` as in plan_tables."""
+def render_plan(plan: Plan, console: Console | None = None,
+                offered: Mapping[tuple[str, Phase], float] | None = None,
+                derived: Collection[tuple[str, str]] = ()) -> None:
+    """Print the plan's tables to `console` (default: a new stdout console); `offered` and `derived`
+    as for `plan_tables`."""
     console = console or Console()
-    for table in plan_tables(plan, derived):
+    for table in plan_tables(plan, offered, derived):
         console.print(table)
     if any((i.region, c) in derived for i in plan.instances for c in i.template.nodes):
         console.print("* derived shape: not sold in that region; priced per GPU from the nearest larger shape sold there")

@@ -12,15 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from coral import __version__
 from coral.atomic import building_dir
-from coral.cli_support import CoralGroup, err_console
+from coral.cli_support import (
+    CoralGroup,
+    check_output_path,
+    err_console,
+    progress_display,
+    stdout_console,
+)
 from coral.errors import CoralError
 from coral.experiments.runner import EXPERIMENTS, SETUPS, RunConfig, Session, run_experiment
 
-console = Console()
+console = stdout_console()
 
 
 @click.group("experiment", cls=CoralGroup)
@@ -89,7 +94,7 @@ def _command(name: str, setup: str, out: Path, jobs: int, seed: int, duration_s:
 
 def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_s: float | None, quick: bool,
          cache_dir: str | None, data_dir: str | None, arrival: str | None = None, n_max: int | None = None) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from coral.experiments.report import render
 
@@ -100,7 +105,7 @@ def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_
                              **({"n_max": n_max} if n_max is not None else {}))
     except ValueError as exc:
         raise CoralError(str(exc)) from None
-    out_dir = Path(out) if out else _default_out(name, setup)
+    out_dir = check_output_path(out, "--out", folder=True) if out else _default_out(name, setup)
     extra = [a for opt, v in (("--cache-dir", cache_dir), ("--data-dir", data_dir), ("--arrival", arrival),
                               ("--n-max", str(n_max) if n_max is not None else None)) if v
              for a in (opt, v)]
@@ -115,8 +120,9 @@ def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_
     }
     names = list(EXPERIMENTS) if name == "all" else [name]
     t0 = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+    with progress_display(TextColumn("{task.description}"), BarColumn(),
+                          TextColumn("{task.completed:,.0f}/{task.total:,.0f}"), TimeElapsedColumn(),
+                          console=err_console, transient=True) as progress:
         session = Session(config=cfg, ui=_RichUi(progress))
         results: dict[str, Any] = {}
         for n in names:
@@ -126,7 +132,7 @@ def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_
     result = {"experiments": results} if name == "all" else results[name]
     _write(out_dir, name, meta, result, render)
     console.print(f"report: {out_dir / 'report.md'}  (summary: {out_dir / 'summary.json'}, "
-                  f"figures: {out_dir / 'figures'}/) in {meta['wall_s']:.0f} s")
+                  f"figures: {out_dir / 'figures'}/) in {meta['wall_s']:.0f} s", soft_wrap=True)
 
 
 def _write(out_dir: Path, name: str, meta: dict[str, Any], result: dict[str, Any],

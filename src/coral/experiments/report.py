@@ -1,6 +1,8 @@
 """Markdown reports and figures (the paper's Fig. 7–14) for the experiments' results."""
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,11 +37,51 @@ def _ratio(x: Any) -> str:
     return "–" if x is None else f"{x:.2f}×"
 
 
+def cell(x: Any) -> str:
+    """One Markdown table cell: `|` escaped (a stage list `a:29 | b:6` must stay one cell), no newline."""
+    return " ".join(str(x).replace("|", "\\|").split())
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    """A Markdown table (cells escaped, so each row has as many cells as the header)."""
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        if len(r) != len(header):
+            raise ValueError(f"table row has {len(r)} cells for {len(header)} columns: {list(r)!r}")
+        lines.append("| " + " | ".join(cell(c) for c in r) + " |")
     return "\n".join(lines)
+
+
+_SEPARATOR = re.compile(r"^\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$")
+
+
+def _cells(line: str) -> int:
+    """Cells of a Markdown table row: unescaped `|` split it (inside code spans too, as GFM does)."""
+    body = line.strip()
+    bars = len(re.findall(r"(?<!\\)\|", body))
+    return bars - body.startswith("|") - (body.endswith("|") and not body.endswith("\\|")) + 1
+
+
+def table_problems(markdown: str) -> list[str]:
+    """Every row of every Markdown table in `markdown` whose cell count differs from its header's
+    (a raw `|` in a cell shifts the rest of the row into columns that do not exist)."""
+    problems = []
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines) - 1:
+        if lines[i].lstrip().startswith("|") and _SEPARATOR.match(lines[i + 1].strip()):
+            want = _cells(lines[i])
+            if _cells(lines[i + 1]) != want:
+                problems.append(f"line {i + 2}: separator has {_cells(lines[i + 1])} cells, header {want}")
+            j = i + 2
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                if _cells(lines[j]) != want:
+                    problems.append(f"line {j + 1}: {_cells(lines[j])} cells under a {want}-column header: {lines[j]}")
+                j += 1
+            i = j
+        else:
+            i += 1
+    return problems
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -222,15 +264,22 @@ def _templates_table(hetero: Sequence[Mapping[str, Any]], limit: int = 15) -> st
                   "epochs"], rows) + more
 
 
+def _cheapest_line(what: str, cheapest: Sequence[str]) -> str:
+    n = sum(1 for m in cheapest if m == "coral")
+    others = [f"{m} in epoch {k + 1}" for k, m in enumerate(cheapest) if m != "coral"]
+    verdict = ("Coral is cheapest in every epoch" if n == len(cheapest)
+               else f"Coral is cheapest in {n} of {len(cheapest)} epochs ({', '.join(others)})")
+    return f"- {what}: {verdict}"
+
+
 def _cost_ratio_lines(comp: Mapping[str, Any], paper: Mapping[str, float] | None = None) -> str:
-    lines = []
+    lines = ["Cost ratios are the baseline's $/h over Coral's: above 1× the baseline costs more, below 1× it "
+             "is cheaper than Coral." + (" The paper's ratio is in parentheses." if paper else "")]
     for m, r in comp["cost_ratio"].items():
         p = f" (paper: {paper[m]:.2f}×)" if paper and m in paper else ""
         lines.append(f"- {m} / coral: simulated cost {_ratio(r)}, plan cost {_ratio(comp['plan_cost_ratio'][m])}{p}")
-    lines.append(f"- cheapest per epoch (simulated): {', '.join(comp['cheapest_per_epoch'])}; "
-                 f"Coral cheapest in every epoch: **{comp['coral_cheapest_every_epoch']}**")
-    lines.append(f"- cheapest per epoch (plan): {', '.join(comp['cheapest_plan_per_epoch'])}; "
-                 f"Coral's plan cheapest in every epoch: **{comp['coral_cheapest_plan_every_epoch']}**")
+    lines.append(_cheapest_line("simulated bill", comp["cheapest_per_epoch"]))
+    lines.append(_cheapest_line("plan", comp["cheapest_plan_per_epoch"]))
     return "\n".join(lines)
 
 
@@ -365,9 +414,86 @@ def header(meta: Mapping[str, Any]) -> str:
     return table(["", ""], rows)
 
 
+ATTAINMENT_GOAL = 0.95  # the share of requests in SLO a plan is meant to reach (DESIGN §4a)
+
+RESULTS_DOC = Path(__file__).resolve().parents[3] / "docs" / "results.md"  # in a source checkout
+
+
+def _results_link(out_dir: Path) -> str:
+    """A link to docs/results.md: relative to the report where the checkout holds it (the report
+    is written into a sibling of its final folder, so the relative path is the same)."""
+    if RESULTS_DOC.exists():
+        return f"[`docs/results.md`]({os.path.relpath(RESULTS_DOC, out_dir.resolve())})"
+    return "`docs/results.md` in the Coral source repository"
+
+
+def _attainments(name: str, result: Mapping[str, Any]) -> list[tuple[str, str, float | None, float]]:
+    """(study and case, method, SLO attainment, its goal) for every method run."""
+    out = []
+    studies = result["experiments"].items() if name == "all" else [(name, result)]
+    for study, r in studies:
+        for case, methods in r.get("cases", {}).items():
+            for m, rec in methods.items():
+                goal = rec.get("slo_attainment_target") or ATTAINMENT_GOAL
+                out.append((f"{study} / {case}", m, rec.get("slo_attainment"), float(goal)))
+    return out
+
+
+def _worst_coral_model(name: str, result: Mapping[str, Any]) -> str | None:
+    """Coral's model furthest from its SLOs over every case: the one number (a TTFT p50 of
+    minutes, say) a reader otherwise stumbles on unexplained."""
+    studies = result["experiments"].items() if name == "all" else [(name, result)]
+    ranked = []
+    for study, r in studies:
+        for case, methods in r.get("cases", {}).items():
+            for model, pm in methods.get("coral", {}).get("per_model", {}).items():
+                if pm.get("slo_attainment") is not None:
+                    ranked.append((pm["slo_attainment"], f"{study} / {case}", model, pm.get("ttft_p50_s")))
+    if not ranked:
+        return None
+    att, case, model, ttft = min(ranked, key=lambda x: x[0])
+    return (f"Coral's model furthest from its SLOs: {model} in {case}, {_pct(att)} of its requests within them"
+            + (f" (TTFT p50 {ttft:,.1f} s)." if ttft is not None else "."))
+
+
+def how_to_read(name: str, result: Mapping[str, Any], out_dir: Path) -> str:
+    """The report's opening: what the numbers mean, whether the plans did their job, and where the
+    comparison with the paper is discussed."""
+    rows = _attainments(name, result)
+    if not rows:  # §6.8 alone: libraries only, nothing simulated
+        return ("**How to read this report.** This study builds template libraries over a grid of `n_max` "
+                "(most nodes per template) and `rho` (most GPU memory per template, as a multiple of the "
+                "weights) and plans on each; no traffic is simulated, so there is no SLO attainment here. "
+                "The paper's figures come from its own testbed and catalog; " + _results_link(out_dir)
+                + " sets our numbers next to them.")
+    parts = ["**How to read this report.** Every method plans the same models on the same catalog and "
+             "serves the same traffic in the simulator, re-planning every epoch. *SLO attainment* is the share "
+             "of requests that met both their TTFT and their TPOT SLO; a plan does its job when it is near "
+             f"{ATTAINMENT_GOAL:.0%}. *Plan $/h* is what the allocator rents; *sim $/h* what the simulator "
+             "bills, including instances starting up and draining. A cost ratio `X / coral` above 1× means X "
+             "costs more than Coral."]
+    if rows:
+        by_case: dict[str, list[str]] = {}
+        for case, m, att, _ in rows:
+            by_case.setdefault(case, []).append(f"{m} {_pct(att)}")
+        parts.append("SLO attainment here: " + "; ".join(f"{case}: {', '.join(v)}" for case, v in by_case.items()) + ".")
+        worst = _worst_coral_model(name, result)
+        if worst:
+            parts.append(worst)
+        short = [(case, m, att, goal) for case, m, att, goal in rows if att is not None and att < goal]
+        if any(m == "coral" for _, m, _, _ in short):
+            parts.append(f"**Coral's plans fall short of the {ATTAINMENT_GOAL:.0%} goal**, so the costs below compare "
+                         "plans that do not serve their traffic within the SLOs: read a cost ratio as the price of "
+                         "the capacity each method chose, not as the price of meeting the SLOs. The measured "
+                         "causes are in " + _results_link(out_dir) + ".")
+    parts.append("The paper's figures (\"paper: …\") come from its own testbed, catalog and SLOs; "
+                 + _results_link(out_dir) + " sets our numbers next to them and says why they differ.")
+    return "\n\n".join(parts)
+
+
 def render(name: str, result: Mapping[str, Any], meta: Mapping[str, Any], out_dir: Path) -> str:
     """The full Markdown report of one experiment, writing its figures under `out_dir/figures`."""
-    parts = [f"# Coral experiment `{name}` ({meta['setup']})", header(meta)]
+    parts = [f"# Coral experiment `{name}` ({meta['setup']})", how_to_read(name, result, out_dir), header(meta)]
     names = list(result["experiments"]) if name == "all" else [name]
     for n in names:
         r = result["experiments"][n] if name == "all" else result

@@ -119,6 +119,7 @@ class Session:
     ui: Ui = field(default_factory=NullUi)
     _setups: dict[tuple[str, str, int | None, float | None], Setup] = field(default_factory=dict)
     _runs: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
+    _library_unit: str | None = None  # the library unit the progress bar shows
 
     # -- building blocks ---------------------------------------------------------------------------
     def setup(self, scenario_name: str, availability: str, *, n_max: int | None = None, rho: float | None = None) -> Setup:
@@ -142,8 +143,11 @@ class Session:
         return load_scenario(name, {"models": models})
 
     def _library_step(self, spec: Any, done: int, total: int) -> None:
-        if done <= 1:
-            self.ui.start(f"templates {spec.model.name} {spec.phase.value}", total)
+        # a parallel build reports its first chunk with done > 1: start a bar per new unit
+        unit = f"templates {spec.model.name} {spec.phase.value}"
+        if unit != self._library_unit:
+            self._library_unit = unit
+            self.ui.start(unit, total)
         self.ui.update(done)
 
     def simulate(self, setup: Setup, method: str, *, label: str, variant: str = "nominal",

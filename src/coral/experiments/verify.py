@@ -124,20 +124,27 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
 
 def attainment_costs(scenario_name: str, targets: Sequence[float], *, method: str, demand_scale: float,
                      availability: str, jobs: int, cache_dir: Any, options: Any = None,
-                     on_target: Callable[[float, Plan], None] | None = None) -> list[tuple[float, Plan]]:
-    """The plan at each scenario-wide attainment target (per-model overrides are replaced)."""
+                     on_target: Callable[[float, Plan | str], None] | None = None) -> list[tuple[float, Plan | str]]:
+    """The plan at each scenario-wide attainment target (per-model overrides are replaced), or, for a
+    target no plan can reach, why (the `CoralError`'s message): the sweep shows where the SLOs stop
+    being reachable instead of failing as a whole."""
     from coral.experiments.pipeline import plan as solve
     from coral.experiments.pipeline import prepare, scaled_scenario
 
-    out = []
+    out: list[tuple[float, Plan | str]] = []
     for a in targets:
         if not 0 < a < 1:
             raise CoralError(f"--attainment values must be in (0, 1), got {a:g}")
-        base = scaled_scenario(scenario_name, demand_scale)
-        models = [{**m, "slo_attainment": None} for m in base.source.model_dump()["models"]]
+    base = scaled_scenario(scenario_name, demand_scale)
+    models = [{**m, "slo_attainment": None} for m in base.source.model_dump()["models"]]
+    for a in targets:
         scenario = scaled_scenario(scenario_name, demand_scale, {"slo_attainment": a, "models": models})
-        setup = prepare(scenario, availability=availability, jobs=jobs, cache_dir=cache_dir)
-        p = solve(setup, method, options=options)
+        p: Plan | str
+        try:
+            setup = prepare(scenario, availability=availability, jobs=jobs, cache_dir=cache_dir)
+            p = solve(setup, method, options=options)
+        except CoralError as exc:
+            p = str(exc)
         out.append((a, p))
         if on_target:
             on_target(a, p)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import click
 
+from coral.cli_support import UserError, check_output_path
 from coral.errors import CoralError
 
 __all__ = ["keys", "serve"]
@@ -27,7 +30,9 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     from coral.runtime.provisioner import LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
+    try:  # a missing or malformed cluster file, a cluster that does not start: one line, exit 2
+        if ready_file:  # refused before any process starts, not after
+            check_output_path(ready_file, "--ready-file", folder=False)
         cluster = load_cluster(config_path)
         planner = None
         if cluster.planner == "allocator":
@@ -37,15 +42,16 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
         dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
         dep.start(timeout_s=startup_timeout)
     except CoralError as e:
-        raise click.ClickException(str(e)) from None
+        raise UserError(str(e)) from None
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     models = ", ".join(m.name for m in cluster.models)
     click.echo(f"coral serve: {len(cluster.instances)} instances of {models} at {dep.url} (Ctrl-C to stop)")
     if ready_file:
-        with open(ready_file, "w") as f:
-            f.write(dep.url + "\n")
+        from coral.atomic import write_text
+
+        write_text(ready_file, dep.url + "\n")  # whole or not at all: a script polls for it
     reported: set[str] = set()
     try:
         while not stop.wait(0.5):
@@ -63,9 +69,26 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     click.echo("coral serve: stopped")
 
 
+def default_keys_dir() -> Path:
+    """Where `coral keys` writes by default: outside any source checkout, private to the user
+    (`$XDG_CONFIG_HOME/coral/keys`, else `~/.config/coral/keys`)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "coral" / "keys"
+
+
+def _git_checkout_of(folder: Path) -> Path | None:
+    """The git work tree holding `folder`, if any (a secret key there is one `git add .` from leaking)."""
+    for p in (folder.resolve(), *folder.resolve().parents):
+        if (p / ".git").exists():
+            return p
+    return None
+
+
 @click.command("keys")
-@click.option("--dir", "folder", required=True, type=click.Path(file_okay=False), help="Folder for cluster.key and cluster.key_secret (created, mode 0700).")
-def keys(folder: str) -> None:
+@click.option("--dir", "folder", default=None, type=click.Path(file_okay=False),
+              help="Folder for cluster.key and cluster.key_secret (created, mode 0700). "
+                   "Default: $XDG_CONFIG_HOME/coral/keys or ~/.config/coral/keys, outside any checkout.")
+def keys(folder: str | None) -> None:
     """Create the cluster's CurveZMQ keypair; point `coordinator.curve_keys_dir` of the cluster file at the folder.
 
     Every process of the cluster reads the same keypair: traffic between them is encrypted,
@@ -74,11 +97,18 @@ def keys(folder: str) -> None:
     """
     from coral.runtime.transport import generate_keys
 
+    path = Path(folder) if folder else default_keys_dir()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--dir {path}: is a file; give a folder for the keypair")
     try:
-        public, secret = generate_keys(folder)
-    except CoralError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {folder}")
+        public, secret = generate_keys(path)
+    except CoralError as e:  # a keypair already there: never overwritten
+        raise UserError(str(e)) from None
+    click.echo(f"wrote {public} and {secret} (keep it secret); set coordinator.curve_keys_dir: {path}")
+    checkout = _git_checkout_of(path)
+    if checkout is not None:
+        click.echo(f"warning: {path} is inside the git checkout {checkout}; keep it out of commits "
+                   "(Coral's .gitignore ignores keys/)", err=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import math
+import sys
 import threading
 import time
 import urllib.parse
@@ -351,7 +352,9 @@ def bench_serve(
     max_concurrency: int, prompt_tokens: int, output_tokens: int, max_context: int | None, vocab: int,
     api_key: str | None, seed: int, timeout_s: float, as_json: bool,
 ) -> None:  # fmt: skip
-    """Replay a trace or Poisson load against an OpenAI-compatible server (ours or vLLM) and report TTFT, TPOT, ITL, E2EL."""
+    """Replay a trace or Poisson load against an OpenAI-compatible server (ours or vLLM) and report TTFT, TPOT, ITL, E2EL.
+
+    Exits 1 when every request failed (nothing was measured), 2 on bad options."""
     if (trace is None) == (rate is None):
         raise click.UsageError("give exactly one of --trace and --rate")
     slo = parse_goodput(goodput)
@@ -367,3 +370,7 @@ def bench_serve(
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.render())
     if report.failed:
         click.echo(f"{report.failed} of {report.sent} requests failed; first: {report.errors[0]}", err=True)
+    if report.sent and report.failed == report.sent:  # nothing was measured: a dead URL, a wrong model
+        click.echo(f"error: every request to {url} failed; is an OpenAI-compatible server serving {model!r} there?",
+                   err=True)
+        sys.exit(1)

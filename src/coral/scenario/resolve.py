@@ -1,14 +1,16 @@
 """Turn a scenario file into domain values: model specs, configurations, prices, availability, perf model."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
 from coral.catalog.hardware import NodeConfig
@@ -100,12 +102,65 @@ def builtin_scenario_names() -> tuple[str, ...]:
     return tuple(sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml")))
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (`X`, `list[X]`, `X | None`, unions, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _tag_matches(model: type[BaseModel], part: str) -> bool:
+    """Whether a loc element names this union member (its class name or its `kind` tag)."""
+    kind = model.model_fields.get("kind")
+    return model.__name__ == part or (kind is not None and part in typing.get_args(kind.annotation))
+
+
+def fields_at(loc: Sequence[int | str], root: type[BaseModel] = ScenarioFile) -> list[str]:
+    """The field names valid at `loc[:-1]` of a scenario (where a misspelled key `loc[-1]` sits).
+
+    Walks the schema along the error's location: list indexes and dict keys are skipped, a
+    discriminated union's tag selects its member.
+    """
+    models: list[type[BaseModel]] = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        inner = [m for model in models if part in model.model_fields
+                 for m in _models_in(model.model_fields[part].annotation)]
+        if inner:
+            models = inner
+        elif any(_tag_matches(m, part) for m in models):
+            models = [m for m in models if _tag_matches(m, part)]
+    return sorted({f for m in models for f in m.model_fields})
+
+
+def _format_error(err: Any) -> str:
+    loc = err["loc"]
+    path = ".".join(str(p) for p in loc) or "(top level)"
+    if err["type"] == "extra_forbidden" and loc:
+        valid = fields_at(loc)
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        if not close:  # a prefix (`tpot` for `tpot_ms`) is the commonest slip
+            close = [f for f in valid if f.startswith(str(loc[-1])) or str(loc[-1]).startswith(f)][:1]
+        hint = f"did you mean {close[0]!r}?" if close else f"valid fields here: {', '.join(valid)}"
+        return f"  {path}: unknown field; {hint}"
+    return f"  {path}: {err['msg']}"
+
+
 def _format_validation(exc: ValidationError, where: str) -> str:
     lines = [f"scenario {where} is not valid:"]
-    for err in exc.errors():
-        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {path}: {err['msg']}")
+    lines += [_format_error(err) for err in exc.errors()]
     return "\n".join(lines)
+
+
+def _yaml_error(exc: yaml.YAMLError, where: str) -> str:
+    """One line naming the file, line and column (PyYAML would cite "<unicode string>")."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context, cmark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    extra = f" ({context} at line {cmark.line + 1})" if context and cmark is not None else ""
+    return f"scenario {where} is not valid YAML: {at}{problem}{extra}"
 
 
 def parse_scenario(data: Any, where: str) -> ScenarioFile:
@@ -134,11 +189,18 @@ def read_scenario_file(name_or_path: str) -> tuple[ScenarioFile, Path | None]:
             if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
                 raise CoralError(f"scenario file {p} does not exist")
             raise unknown("scenario", name_or_path, builtin_scenario_names())
-        text, base, where = p.read_text(), p.parent, str(p)
+        if p.is_dir():
+            raise CoralError(f"scenario {p} is a folder; give a scenario YAML file in it, or a built-in name "
+                             f"({', '.join(builtin_scenario_names())}); `coral scenario init my.yaml` writes a starter")
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CoralError(f"cannot read scenario file {p}: {getattr(exc, 'strerror', None) or exc}") from None
+        base, where = p.parent, str(p)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise CoralError(f"scenario {where} is not valid YAML: {exc}") from None
+        raise CoralError(_yaml_error(exc, where)) from None
     return parse_scenario(data, where), base
 
 

@@ -2,6 +2,7 @@
 (its "history"), the length summary at the attainment quantile and the KV link (DESIGN §4a)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from coral.catalog.hardware import NodeConfig
@@ -51,11 +52,65 @@ def length_summary(scenario: Any, model: str) -> LengthSummary:
     return summarize_lengths(traffic_sample(scenario, model), component_attainment(scenario, model))
 
 
+_LINKS: dict[tuple[Any, ...], KvLink] = {}
+
+
 def model_kv_link(scenario: Any, model: str) -> KvLink:
-    """The KV link `model`'s templates are held to (`coral.templates.budget.kv_link`)."""
+    """The KV link `model`'s templates are held to (`coral.templates.budget.kv_link`). Each candidate
+    floor is priced by a quick estimate: the raw demand of each phase times the lowest $ per token
+    of one node at least that fast running every layer within the phase's budget (decode at the
+    largest micro-batch of the grid that fits; prefill one prompt, its latency at the quantile
+    prompt). Memoized per scenario content."""
+    from coral.perf.model import Phase, Shape
+    from coral.templates.budget import latency_budget_ms
+
+    key = (scenario_key(scenario), model)
+    hit = _LINKS.get(key)
+    if hit is not None:
+        return hit
     served = scenario.model(model)
-    return kv_link(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
-                   scenario.planner.kv_share)
+    lengths = length_summary(scenario, model)
+    planner = scenario.planner
+    spec, layers = served.spec, served.spec.num_layers
+    price: dict[str, float] = {}
+    for (_, c), p in scenario.prices.items():
+        price[c] = min(p, price.get(c, math.inf))
+    fits = [c for c in scenario.configs if c.memory_bytes * planner_memory(scenario) >= spec.weights_bytes and c.name in price]
+    q_shape = Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=lengths.prompt_q, output_tokens=0.0)
+    w_shape = Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=lengths.prompt_work, output_tokens=0.0)
+    ttft_budget = latency_budget_ms(served.slo, Phase.PREFILL, ttft_headroom=planner.ttft_headroom,
+                                    tpot_headroom=planner.tpot_headroom) / 1e3
+
+    def node_s(c: NodeConfig, shape: Shape) -> float:
+        return scenario.perf.node_time_s(c, spec, shape, layers, first=True, last=True)
+
+    pre = {c.name: price[c.name] * node_s(c, w_shape) / lengths.prompt_work for c in fits
+           if node_s(c, q_shape) <= ttft_budget}
+
+    def estimate(floor_gbps: float, transfer_ms: float) -> float:
+        budget = (served.slo.tpot_ms * planner.tpot_headroom - transfer_ms) / 1e3
+        usable = [c for c in fits if c.network_gbps >= floor_gbps]
+        dec = math.inf
+        for c in usable:
+            for b in sorted(planner.batch_grid, reverse=True):
+                t = node_s(c, Shape(phase=Phase.DECODE, batch=b, prompt_tokens=lengths.prompt_mean,
+                                    output_tokens=lengths.output_mean))
+                if t <= budget:
+                    dec = min(dec, price[c.name] * t / b)
+                    break
+        p = min((pre[c.name] for c in usable if c.name in pre), default=math.inf)
+        return served.demand_tok_per_s(Phase.PREFILL) * p + served.demand_tok_per_s(Phase.DECODE) * dec
+
+    link = kv_link(spec, lengths, served.slo, scenario.configs, planner.kv_share, cost=estimate)
+    if len(_LINKS) > 256:
+        _LINKS.clear()
+    _LINKS[key] = link
+    return link
+
+
+def planner_memory(scenario: Any) -> float:
+    """The share of GPU memory the performance model lets weights and KV use."""
+    return float(getattr(scenario.perf.system, "memory_utilization", 1.0))
 
 
 def model_configs(scenario: Any, model: str) -> tuple[NodeConfig, ...]:
@@ -88,3 +143,12 @@ def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, st
     best = min((scenario.perf.node_time_s(c, served.spec, shape, served.spec.num_layers, first=True, last=True) * 1e3,
                 c.name) for c in model_configs(scenario, model))
     return best[0], best[1], prompt
+
+
+def scenario_key(scenario: Any) -> tuple[Any, ...]:
+    """What a memo of per-scenario figures must be keyed on: every resolved input that changes them
+    (models with their SLOs and workloads, configurations, prices, planner knobs, perf model), not
+    the scenario file alone: scenarios are also built in code."""
+    return (tuple((m.name, m.spec.name, m.slo, m.rate_per_s, m.workload.model_dump_json()) for m in scenario.models),
+            tuple(c.name for c in scenario.configs), tuple(sorted(scenario.prices.items())),
+            scenario.planner.model_dump_json(), str(scenario.base_dir), scenario.perf.version)

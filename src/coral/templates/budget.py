@@ -6,13 +6,14 @@
   output token pays for: the quantile request's prompt KV (`kv_per_token_q` prompt tokens per
   output token) over the model's KV link, the slowest NIC its templates may use. That floor is the
   smallest NIC among the scenario's configurations that keeps the transfer within `kv_share` of
-  TPOT; slower nodes are left out of the model's templates in both phases, so every
+  TPOT and gives the lowest estimated cost (single-node templates' $ per token in both phases at
+  their budgets: a faster floor rules nodes out but leaves more of the TPOT to the step); slower nodes are left out of the model's templates in both phases, so every
   prefill -> decode pair is at least that fast and the plan and the simulator see the same figure.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from coral.catalog.hardware import NodeConfig
@@ -36,9 +37,12 @@ class KvLink:
 
 
 def kv_link(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequence[NodeConfig],
-            kv_share: float) -> KvLink:
-    """The slowest NIC that keeps the quantile request's KV transfer within `kv_share` of TPOT
-    (the fastest one offered when none does: then the decode budget shrinks, or vanishes)."""
+            kv_share: float, cost: Callable[[float, float], float] | None = None) -> KvLink:
+    """The model's KV link: among the NIC speeds (Gbps) that keep the quantile request's KV transfer
+    within `kv_share` of TPOT, the one with the lowest `cost(floor_gbps, transfer_ms)` (an estimate
+    of the model's $/h with only nodes at least that fast; a faster floor rules out nodes but leaves
+    more of the TPOT to the step), the slowest on a tie or without `cost`. The fastest NIC offered
+    when none keeps the transfer within `kv_share` (then the decode budget shrinks, or vanishes)."""
     per_token = model.num_layers * model.kv_bytes_per_token_layer
     speeds = sorted({c.network_gbps for c in configs})
     if not speeds:  # nothing to place it on: no transfer to budget for
@@ -47,7 +51,13 @@ def kv_link(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequenc
     def cost_ms(gbps: float) -> float:
         return lengths.kv_per_token_q * per_token / (gbps * 1e9 / 8) * 1e3
 
-    floor = next((g for g in speeds if cost_ms(g) <= kv_share * slo.tpot_ms), speeds[-1])
+    ok = [g for g in speeds if cost_ms(g) <= kv_share * slo.tpot_ms]
+    if not ok:
+        floor = speeds[-1]
+    elif cost is None:
+        floor = ok[0]
+    else:
+        floor = min(ok, key=lambda g: (cost(g, cost_ms(g)), g))
     return KvLink(floor_gbps=floor, bytes_per_token=per_token, per_output_token_ms=cost_ms(floor))
 
 
