@@ -58,10 +58,9 @@ def _sky_home(home: Path, data_dir: Path) -> None:
                             r["region"] + "a"])
 
 
-def test_skypilot_accepts_every_exported_task(two_model_plan, tmp_path, data_dir):
+def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
     exe = _sky_python()
-    scenario, plan, data = two_model_plan
-    r = run("export", "--plan", str(plan), "--scenario", str(scenario), "--format", "skypilot", "--out", str(tmp_path / "sky"))
+    r = run("export", "--plan", str(plan), "--format", "skypilot", "--out", str(tmp_path / "sky"), *extra)
     assert r.exit_code == 0, r.output
     files = sorted(str(p) for p in (tmp_path / "sky").glob("*.yaml"))
     home = tmp_path / "home"
@@ -80,6 +79,21 @@ def test_skypilot_accepts_every_exported_task(two_model_plan, tmp_path, data_dir
         key = (f"aws:{t['region']}", f"{int(count)}x{gpu}")
         total[key] = total.get(key, 0) + t["num_nodes"]
     assert {(n["region"], n["config"]): n["count"] for n in data["nodes"] if n["count"]} == total
+
+
+def test_skypilot_accepts_every_exported_task(two_model_plan, tmp_path, data_dir):
+    scenario, plan, data = two_model_plan
+    _check_with_skypilot(plan, data, tmp_path, data_dir, "--scenario", str(scenario))
+
+
+@pytest.mark.slow
+def test_core_plan_exports_to_skypilot(tmp_path, data_dir):
+    """The issue's target: a core plan's tasks are accepted and add up to its nodes per (region, shape)."""
+    plan = tmp_path / "core.json"
+    r = run("plan", "--scenario", "core", "--out", str(plan))
+    assert r.exit_code == 0, r.output
+    data = json.loads(plan.read_text())
+    _check_with_skypilot(plan, data, tmp_path, data_dir, "--allow-derived")
 
 
 def test_skypilot_rejects_a_broken_task(tmp_path, data_dir):
