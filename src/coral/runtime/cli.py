@@ -23,7 +23,12 @@ __all__ = ["keys", "serve"]
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for every instance to register.")
 @click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level of every process.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None, help="Write the HTTP base URL here once serving (for scripts).")
-def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None) -> None:
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, help=(
+    "Serve this plan file's instances (count, stages, layer ranges, per-node routing weights from each template) "
+    "instead of the cluster file's; the cluster file still gives the models' weights and the runtime settings."))
+@click.option("--scenario", "scenario_name", default=None, help="With --plan: the plan's scenario (default: the one it names).")
+def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None,
+          plan_path: str | None = None, scenario_name: str | None = None) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
     from coral.runtime.cluster_config import load_cluster
     from coral.runtime.deploy.deployment import Deployment
@@ -34,6 +39,10 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
         if ready_file:  # refused before any process starts, not after
             check_output_path(ready_file, "--ready-file", folder=False)
         cluster = load_cluster(config_path)
+        if plan_path:
+            from coral.runtime.deploy.mapping import cluster_from_plan_file
+
+            cluster = cluster_from_plan_file(cluster, plan_path, scenario_name)
         planner = None
         if cluster.planner == "allocator":
             from coral.runtime.planner import AllocatorPlanner
