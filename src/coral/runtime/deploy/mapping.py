@@ -31,7 +31,7 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
     prompt = served.prompt_tokens_mean
     shape = Shape(phase=inst.phase, batch=1, prompt_tokens=prompt,
                   output_tokens=served.output_tokens_mean if inst.phase is Phase.DECODE else 0.0)
-    out = []
+    out: list[tuple[float, ...]] = []
     n = len(inst.stages)
     for s, st in enumerate(inst.stages):
         if len(st.nodes) == 1:
