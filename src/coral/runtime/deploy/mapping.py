@@ -80,6 +80,12 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     return specs
 
 
+def plan_node_configs(plan: PlanFile) -> dict[str, list[list[str]]]:
+    """Runtime instance name -> per stage, each node's configuration (what the Ray provisioner places by)."""
+    return {f"{inst.name}-r{r}": [list(st.nodes) for st in inst.stages]
+            for inst in plan.instances for r in range(inst.count)}
+
+
 def cluster_from_plan(cluster: Any, plan: PlanFile) -> Any:
     """The cluster file with its instances replaced by the plan's (models and settings kept)."""
     return dataclasses.replace(cluster, instances=tuple(plan_instance_specs(plan, {m.name: m for m in cluster.models})))
@@ -96,4 +102,4 @@ def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None)
     return cluster_from_plan(cluster, load_plan_file(path, scenario))
 
 
-__all__ = ["cluster_from_plan", "cluster_from_plan_file", "node_weights", "plan_instance_specs"]
+__all__ = ["cluster_from_plan", "cluster_from_plan_file", "plan_node_configs", "node_weights", "plan_instance_specs"]
