@@ -69,3 +69,27 @@ def test_serve_plan_of_another_model_exits_2(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan)])
     assert 2 == r.exit_code
     assert "40 layers in the plan but 6" in " ".join(r.output.split())
+
+
+def test_dry_run_serves_the_first_plan_and_only_logs_later_changes() -> None:
+    from .test_lifecycle import CLUSTER, NEW_C
+
+    dep = Deployment(parse_cluster(CLUSTER), http_port=0, dry_run=True)
+    dep.start(timeout_s=120)
+    try:
+        coord, ctl, prov = dep.coordinator, dep.controller, dep.provisioner
+        assert coord is not None and {"a", "b"} == set(coord.instances)
+        s, body = http("POST", dep.url + "/admin/plan", {"instances": [CLUSTER["instances"][1], NEW_C]})
+        assert 200 == s, body
+        planned = {(a["kind"], a["instance"]) for a in body["actions"] if a["kind"] != "keep"}
+        assert {("drain", "a"), ("start", "c")} == planned
+        assert ctl.history[-1]["dry_run"] is True
+        assert planned == set(ctl.history[-1]["actions"])
+        ctl.epoch()
+        # nothing was carried out: a still serves, c was never started
+        assert {"a", "b"} == set(coord.instances) and "a" not in coord.retired
+        assert prov.instance_alive("a") and not prov.pids("c")
+        s, b = http("POST", dep.url + "/v1/completions", {"model": "llama", "prompt": [5, 6], "max_tokens": 2, "temperature": 0})
+        assert 200 == s
+    finally:
+        dep.stop()

@@ -32,9 +32,11 @@ __all__ = ["keys", "serve"]
     "local: child processes on this machine; ray: Ray actors, one placement group per instance, placed by "
     "accelerator_type (with --plan, each node's GPU type; the plan is refused when the Ray cluster is short)."))
 @click.option("--ray-address", default=None, help="With --provisioner ray: the Ray cluster to join (default: a local one).")
+@click.option("--dry-run", is_flag=True, help=(
+    "Serve the first plan, then only log the actions later plan changes (epochs, /admin/plan) would take."))
 def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None,
           plan_path: str | None = None, scenario_name: str | None = None, provisioner_name: str = "local",
-          ray_address: str | None = None) -> None:
+          ray_address: str | None = None, dry_run: bool = False) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
     from coral.runtime.cluster_config import load_cluster
     from coral.runtime.deploy.deployment import Deployment
@@ -63,7 +65,7 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
             from coral.runtime.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-        dep = Deployment(cluster, provisioner, http_port=port, planner=planner)
+        dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run)
         dep.start(timeout_s=startup_timeout)
     except CoralError as e:
         raise UserError(str(e)) from None

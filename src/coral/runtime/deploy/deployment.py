@@ -32,6 +32,7 @@ class Deployment:
         *,
         planner: Any = None,
         coordinator_port: int = 0,
+        dry_run: bool = False,
     ) -> None:
         """Args:
         cluster: what to run (its instances are the first plan).
@@ -39,12 +40,14 @@ class Deployment:
         http_port: override the cluster file's HTTP port (0 = any free port).
         planner: re-planning function for the epoch loop (see :mod:`coral.runtime.lifecycle`).
         coordinator_port: the coordinator's ZeroMQ port (0 = any free one).
+        dry_run: serve the first plan, then only log what later plan changes would do.
         """
         self.cluster = cluster
         self.provisioner = provisioner or LocalProvisioner()
         self.http_port = cluster.http_port if http_port is None else http_port
         self.planner = planner
         self.coordinator_port = coordinator_port
+        self.dry_run = dry_run
         self.transport: ZmqTransport | None = None
         self.coordinator: Coordinator | None = None
         self.controller: Any = None
@@ -109,7 +112,8 @@ class Deployment:
         c = self.cluster
         coord = self.start_coordinator()
         assert self.transport is not None
-        self.controller = Controller(coord, self.provisioner, c, self.transport.address, planner=self.planner, epoch_s=c.epoch_s)
+        self.controller = Controller(coord, self.provisioner, c, self.transport.address, planner=self.planner, epoch_s=c.epoch_s,
+                                     dry_run=self.dry_run)
         try:
             self.controller.apply_plan(c.instances)
             deadline = time.monotonic() + timeout_s
