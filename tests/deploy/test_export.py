@@ -144,3 +144,17 @@ def test_derived_shapes_are_refused_or_flagged(tmp_path):
         assert "# WARNING: derived shape(s) 2xL40S" in text
         # a derived shape has no instance type to pin; SkyPilot picks one with these accelerators
         assert "instance_type" not in yaml.safe_load(text)["resources"]
+
+
+def test_out_folder_with_other_files_is_refused_and_a_re_export_replaces(two_model_plan, tmp_path):
+    scenario, plan, _ = two_model_plan
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    r = _export(plan, scenario, "vllm", mine)
+    assert r.exit_code == 2 and "other files" in flat(r)
+    assert ["notes.txt"] == [p.name for p in mine.iterdir()]
+    out = tmp_path / "out"
+    assert _export(plan, scenario, "skypilot", out).exit_code == 0
+    assert _export(plan, scenario, "vllm", out).exit_code == 0  # an earlier export is ours to replace
+    assert not list(out.glob("*.yaml")) and list(out.glob("*.sh"))

@@ -14,7 +14,7 @@ from coral.runtime.deploy.export import FORMATS
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
               help="skypilot: a task YAML per (instance, node configuration); vllm: a `vllm serve` script per instance.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
-              help="Folder to write (replaced whole; nothing is written on error).")
+              help="Folder to write: new, empty, or an earlier export (replaced whole); nothing is written on error.")
 @click.option("--scenario", "scenario_name", default=None,
               help="Scenario the plan belongs to (default: the one the plan file names); a mismatch is refused.")
 @click.option("--allow-derived", is_flag=True,
@@ -27,9 +27,10 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     shape without --allow-derived, an instance the format cannot express with --strict).
     """
     from coral.errors import CoralError
-    from coral.runtime.deploy.export import export_plan, write_export
+    from coral.runtime.deploy.export import check_out_folder, export_plan, write_export
     from coral.runtime.deploy.plan_file import load_plan_file
 
+    check_out_folder(out)  # before any work
     plan = load_plan_file(plan_path, scenario_name)
     result = export_plan(plan, fmt, allow_derived=allow_derived)
     if strict and result.skipped:

@@ -268,9 +268,34 @@ def export_plan(plan: PlanFile, fmt: str, *, allow_derived: bool = False) -> Exp
     raise CoralError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
+MARKER = ".coral-export"  # names a folder `coral export` wrote, so a re-export may replace it
+
+
+def check_out_folder(out: str | Path) -> Path:
+    """Refuse an `--out` that is not ours to replace: an existing file, or a non-empty folder
+    that no `coral export` wrote (replacing it would delete the user's files).
+
+    Raises:
+        CoralError: naming the path and the fix.
+    """
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise CoralError(f"--out {p}: is a file; give a folder (it is created, or replaced whole)")
+    if p.is_dir() and any(p.iterdir()) and not (p / MARKER).exists():
+        raise CoralError(f"--out {p}: is a folder with other files, which an export would replace; "
+                         "give a new or empty folder")
+    return p
+
+
 def write_export(export: Export, out: str | Path) -> list[Path]:
-    """Write every file of `export` into folder `out`, whole or not at all (an existing `out` is replaced)."""
+    """Write every file of `export` into folder `out`, whole or not at all (a previous export there is replaced).
+
+    Raises:
+        CoralError: as :func:`check_out_folder`.
+    """
+    check_out_folder(out)
     with building_dir(out) as tmp:
+        (tmp / MARKER).write_text(f"written by coral export ({export.format})\n")
         for name, text in export.files.items():
             (tmp / name).write_text(text)
             if name.endswith(".sh"):
@@ -278,4 +303,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["FORMATS", "Export", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["FORMATS", "MARKER", "Export", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
