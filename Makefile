@@ -3,6 +3,9 @@ PY ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# SkyPilot pins click<8.2, so it gets its own environment (tests load exported tasks with it).
+SKY_VENV ?= .venv-sky
+SKY_STAMP := $(SKY_VENV)/.installed
 
 .PHONY: demo test bench lint calibrate clean venv
 
@@ -15,12 +18,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,runtime]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(SKY_STAMP): pyproject.toml
+	$(PY) -m venv $(SKY_VENV)
+	$(SKY_VENV)/bin/pip install -q 'skypilot==0.14.1'
+	touch $(SKY_STAMP)
+
+venv: $(STAMP) $(SKY_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/coral experiment cost --setup core --out runs/demo-cost-core
 
-test: $(STAMP)
+test: $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
@@ -34,4 +42,4 @@ lint: $(STAMP)
 	$(BIN)/mypy src
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(SKY_VENV) .pytest_cache build *.egg-info src/*.egg-info

@@ -89,8 +89,9 @@ def bench_overhead(n: int) -> list[dict[str, Any]]:
     """The instance (a scheduler and a no-op engine, each its own process, as deployed) straight over
     ZeroMQ, then through the coordinator in this process, then through HTTP from a client process."""
     from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.deployment import Deployment
     from coral.runtime.protocol import Submit, TokenOut
-    from coral.runtime.provisioner import Deployment, LocalProvisioner
+    from coral.runtime.provisioner import LocalProvisioner
     from coral.runtime.transport import ZmqTransport
 
     cluster = parse_cluster({

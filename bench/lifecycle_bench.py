@@ -89,7 +89,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     Returns:
         One dict per figure: bench, value, unit, goal.
     """
-    from coral.runtime.provisioner import Deployment
+    from coral.runtime.deploy.deployment import Deployment
 
     sustain_s = 60.0 if quick else 600.0
     probe_s = 4.0 if quick else 10.0

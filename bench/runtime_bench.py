@@ -97,7 +97,7 @@ def bench_pipeline(quick: bool) -> list[dict[str, Any]]:
     """small-llama (~67M): one engine process (1 thread, and all cores) vs 2 stages in 2 processes."""
     import os
 
-    from coral.runtime.provisioner import Deployment
+    from coral.runtime.deploy.deployment import Deployment
 
     tokens = 24 if quick else 64
     streams_many = 4

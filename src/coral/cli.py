@@ -779,10 +779,17 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
     "with --plot, a PNG) instead of one plan."))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --attainment: write the cost-of-attainment plot (PNG) here.")
+@click.option("--engine", type=click.Choice(["coral", "vllm"]), default="coral", show_default=True, help=(
+    "vllm: only templates vLLM can run (one node per stage, one TP degree); prints the cost of that "
+    "restriction next to the unrestricted plan."))
+@click.option("--running", "running_path", type=click.Path(dir_okay=False), default=None, help=(
+    "Advisory mode: the plan file the fleet runs now. Plans from it (starting instances costs their "
+    "init_s), prints the instances to start and drain and the $/h delta, and changes nothing."))
 @_json_opt
 def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
              n_max: int | None, time_limit_s: float, gap: float, out: str | None, verify: bool, calibrate: bool,
-             iterations: int, attainment_list: str | None, plot_path: str | None, as_json: bool) -> None:
+             iterations: int, attainment_list: str | None, plot_path: str | None, engine: str,
+             running_path: str | None, as_json: bool) -> None:
     """Which nodes to rent where, and how to split each model across them (DESIGN §4).
 
     Capacity per (model, phase) is sized so that the model's slo_attainment share of its requests
@@ -803,6 +810,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     if out:
         check_output_path(out, "--out", folder=False)
     setup = _prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
+    setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path)
     steps: list[Any] = []
     if calibrate:
         from coral.experiments.verify import calibrate_plan
@@ -815,7 +823,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
         result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
     else:
-        result = plan(setup, method, options=options)
+        result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
         if verify:
             from coral.experiments.verify import CalibrationStep, verify_plan
 
@@ -842,12 +850,14 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                  "pairs": [{"model": v.model, "phase": v.phase.value, "attainment": v.attainment,
                                             "phase_target": v.phase_target, "model_attainment": v.model_attainment,
                                             "model_target": v.model_target} for v in st.verdicts]} for st in steps]
+    data.update(_plan_deploy_fields(deploy, result, data, setup))
     if out:
         write_text(Path(out), json.dumps(data, indent=2, default=str))
     if as_json:
         _emit_json(data)
     else:
         render_plan(result, console, offered, derived=setup.scenario.derived)
+        _print_deploy_fields(data)
         if out:
             console.print(f"plan written to {out}")
     if steps and not steps[-1].ok:
@@ -855,6 +865,50 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
                            "predicted below target: ") + ", ".join(missing))
         raise SystemExit(3)
+
+
+def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any, engine: str,
+                       running_path: str | None) -> tuple[Any, dict[str, Any]]:
+    """`coral plan --engine` / `--running`: restrict the library, plan the unrestricted baseline, read the
+    running plan (docs/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
+    from coral.experiments.pipeline import plan
+    from coral.runtime.deploy.advisory import running_counts
+    from coral.runtime.deploy.cli import load_running, restrict_setup
+
+    deploy: dict[str, Any] = {"engine": engine, "scenario_source": scenario_name}
+    if running_path:
+        deploy["running"] = load_running(running_path, setup.scenario)
+        deploy["prev"] = running_counts(deploy["running"])
+    if engine != "coral":
+        deploy["full"] = plan(setup, method, options=options, prev=deploy.get("prev"))
+        # the restricted plan serves the same capacity target (sized with the full library), so the
+        # two costs compare the templates alone
+        deploy["demand"] = {(d.model, d.phase): d.demand_tok_per_s for d in deploy["full"].demand}
+        setup, deploy["facts"] = restrict_setup(setup, engine)
+    return setup, deploy
+
+
+def _plan_deploy_fields(deploy: dict[str, Any], result: Any, data: dict[str, Any], setup: Any) -> dict[str, Any]:
+    """The plan JSON's deployment fields: scenario source, engine restriction cost, advisory diff."""
+    from coral.runtime.deploy.cli import advise, engine_report
+
+    src = deploy["scenario_source"]
+    out: dict[str, Any] = {"scenario_source": str(Path(src).resolve()) if Path(src).is_file() else src}
+    if "full" in deploy:
+        out["engine_restriction"] = engine_report(deploy["engine"], deploy["full"], result, deploy["facts"])
+    if "running" in deploy:
+        out["advisory"] = advise(deploy["running"], {**data, **out}, setup.scenario)
+    return out
+
+
+def _print_deploy_fields(data: dict[str, Any]) -> None:
+    """After the plan's tables: the engine restriction's cost and the advisory diff, when asked for."""
+    from coral.runtime.deploy.cli import print_advice, print_engine_report
+
+    if "engine_restriction" in data:
+        print_engine_report(data["engine_restriction"])
+    if "advisory" in data:
+        print_advice(data["advisory"])
 
 
 def _print_verdicts(verdicts: Any, title: str) -> None:
@@ -1044,6 +1098,16 @@ def _register_optional() -> None:
 
 
 _register_optional()
+
+
+def _register_deploy() -> None:
+    """`coral export` (plan -> SkyPilot / vLLM files) needs no runtime extra."""
+    from coral.runtime.deploy.cli import export_cmd
+
+    main.add_command(export_cmd)
+
+
+_register_deploy()
 
 if __name__ == "__main__":
     main()

@@ -20,8 +20,8 @@ import zmq
 
 from coral.errors import CoralError
 from coral.runtime.cluster_config import load_cluster, parse_cluster, parse_instances
+from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.model import BUILTIN_CONFIGS
-from coral.runtime.provisioner import Deployment
 
 from .conftest import http, sse, wait_until
 from .test_pipeline_inproc import reference

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from coral.runtime.cluster_config import InstanceSpec, StageSpec, parse_cluster
+from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.lifecycle import reconcile
 from coral.runtime.loadgen import one_request, run_bench, workload
-from coral.runtime.provisioner import Deployment
 
 from .conftest import http, wait_until
 

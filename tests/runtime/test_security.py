@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from coral.runtime.cli import keys
 from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.protocol import Drain, Shutdown, encode
-from coral.runtime.provisioner import Deployment
 from coral.runtime.transport import CurveKeys
 
 from .conftest import http

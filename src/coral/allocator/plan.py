@@ -16,6 +16,10 @@ from coral.templates.template import Template
 # the plan is a fallback, see `notes`).
 PlanStatus = Status
 
+# The plan file's format version (`coral.runtime.deploy.plan_file` refuses others). 2: instances
+# carry micro_batch, slo_ms, budget_ms and per-stage node_index / throughput_tok_per_s.
+PLAN_JSON_VERSION = 2
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Instance:
@@ -154,6 +158,7 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (plain str / int / float / list / dict / None)."""
         return {
+            "plan_version": PLAN_JSON_VERSION,
             "method": self.method,
             "status": self.status.value,
             "cost_usd_per_h": self.cost_usd_per_h,
@@ -174,7 +179,11 @@ class Plan:
                     "count": i.count,
                     "throughput_tok_per_s": i.throughput_tok_per_s,
                     "price_usd_per_h": i.price_usd_per_h,
-                    "stages": [{"nodes": list(s.nodes), "layers": s.layers}
+                    "micro_batch": i.template.placement.micro_batch,
+                    "slo_ms": i.template.slo_ms,
+                    "budget_ms": i.template.budget_ms,
+                    "stages": [{"nodes": list(s.nodes), "layers": s.layers, "node_index": list(s.node_index),
+                                "throughput_tok_per_s": s.throughput_tok_per_s}
                                for s in i.template.placement.stages],
                 }
                 for i in self.instances

@@ -326,7 +326,8 @@ def runtime_overhead(cluster: dict[str, Any], *, requests: int = 16, prompt_toke
         (median TTFT s, median TPOT s).
     """
     from coral.runtime.cluster_config import parse_cluster
-    from coral.runtime.provisioner import Deployment, LocalProvisioner
+    from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.provisioner import LocalProvisioner
 
     spec = parse_cluster(cluster, "fidelity cluster")
     vocab = int(cluster["models"][0]["hf_config"]["vocab_size"])

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,22 +24,48 @@ __all__ = ["keys", "serve"]
 @click.option("--startup-timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for every instance to register.")
 @click.option("--log-level", default="WARNING", show_default=True, type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]), help="Logging level of every process.")
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None, help="Write the HTTP base URL here once serving (for scripts).")
-def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None) -> None:
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, help=(
+    "Serve this plan file's instances (count, stages, layer ranges, per-node routing weights from each template) "
+    "instead of the cluster file's; the cluster file still gives the models' weights and the runtime settings."))
+@click.option("--scenario", "scenario_name", default=None, help="With --plan: the plan's scenario (default: the one it names).")
+@click.option("--provisioner", "provisioner_name", type=click.Choice(["local", "ray"]), default="local", show_default=True, help=(
+    "local: child processes on this machine; ray: Ray actors, one placement group per instance, placed by "
+    "accelerator_type (with --plan, each node's GPU type; the plan is refused when the Ray cluster is short)."))
+@click.option("--ray-address", default=None, help="With --provisioner ray: the Ray cluster to join (default: a local one).")
+@click.option("--dry-run", is_flag=True, help=(
+    "Serve the first plan, then only log the actions later plan changes (epochs, /admin/plan) would take."))
+def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None,
+          plan_path: str | None = None, scenario_name: str | None = None, provisioner_name: str = "local",
+          ray_address: str | None = None, dry_run: bool = False) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
     from coral.runtime.cluster_config import load_cluster
-    from coral.runtime.provisioner import Deployment, LocalProvisioner
+    from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.provisioner import LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:  # a missing or malformed cluster file, a cluster that does not start: one line, exit 2
         if ready_file:  # refused before any process starts, not after
             check_output_path(ready_file, "--ready-file", folder=False)
         cluster = load_cluster(config_path)
+        node_configs: dict[str, list[list[str]]] = {}
+        if plan_path:
+            from coral.runtime.deploy.mapping import cluster_from_plan_file, plan_node_configs
+            from coral.runtime.deploy.plan_file import load_plan_file
+
+            cluster = cluster_from_plan_file(cluster, plan_path, scenario_name)
+            node_configs = plan_node_configs(load_plan_file(plan_path, scenario_name))
+        provisioner: Any = LocalProvisioner(log_level=log_level)
+        if provisioner_name == "ray":
+            from coral.runtime.deploy.ray_provisioner import RayProvisioner
+
+            provisioner = RayProvisioner(node_configs, address=ray_address, log_level=log_level)
+            provisioner.check_capacity(cluster.instances)
         planner = None
         if cluster.planner == "allocator":
             from coral.runtime.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-        dep = Deployment(cluster, LocalProvisioner(log_level=log_level), http_port=port, planner=planner)
+        dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run)
         dep.start(timeout_s=startup_timeout)
     except CoralError as e:
         raise UserError(str(e)) from None

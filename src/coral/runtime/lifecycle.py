@@ -114,6 +114,7 @@ class Controller:
         planner: Planner | None = None,
         epoch_s: float = 0.0,
         start_timeout_s: float = 300.0,
+        dry_run: bool = False,
     ) -> None:
         """Args:
         coordinator: the registry and router.
@@ -123,6 +124,8 @@ class Controller:
         planner: the re-planning function (None = keep the last plan).
         epoch_s: epoch length; 0 = no epoch thread (call :meth:`epoch` yourself).
         start_timeout_s: an instance not registered by then counts as failed (and is replaced).
+        dry_run: after the first plan is running, log (and record in ``history``, marked
+            ``dry_run``) the actions each later plan change would take, without taking them.
         """
         self.coordinator = coordinator
         self.provisioner = provisioner
@@ -131,6 +134,8 @@ class Controller:
         self.planner = planner
         self.epoch_s = epoch_s
         self.start_timeout_s = start_timeout_s
+        self.dry_run = dry_run
+        self._applied = False  # the first plan is always carried out (a dry run still serves)
         self.target: tuple[InstanceSpec, ...] = ()
         self.running: dict[str, InstanceSpec] = {}  # started, not drained, not lost
         self.starting: dict[str, float] = {}  # name -> when started (until registered)
@@ -173,6 +178,13 @@ class Controller:
         self._sweep()
         actions = reconcile(self.target, self.running, self.coordinator.loads(), self.taken)
         t = time.monotonic()
+        if self.dry_run and self._applied:
+            planned = [(a.kind, a.name) for a in actions if a.kind != "keep"]
+            if planned:
+                self.history.append({"t": t, "actions": planned, "dry_run": True})
+                log.warning("controller (dry run, nothing done): would %s", ", ".join(f"{k} {n}" for k, n in planned))
+            return actions
+        self._applied = True
         for a in actions:
             if a.kind == "drain":
                 del self.running[a.name]

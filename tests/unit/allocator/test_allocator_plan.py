@@ -29,7 +29,10 @@ def test_to_json_shape():
         assert key in doc
     inst = doc["instances"][0]
     assert set(inst) >= {"model", "phase", "region", "nodes", "count", "throughput_tok_per_s", "stages"}
-    assert inst["stages"][0] == {"nodes": inst["nodes"], "layers": 32}
+    stage = inst["stages"][0]
+    assert {"nodes": stage["nodes"], "layers": stage["layers"]} == {"nodes": inst["nodes"], "layers": 32}
+    assert set(stage) == {"nodes", "layers", "node_index", "throughput_tok_per_s"}
+    assert doc["plan_version"] == 2  # what coral.runtime.deploy.plan_file reads
     assert {(d["model"], d["phase"]) for d in doc["demand"]} == {(m, p) for m in ("m1", "m2")
                                                                   for p in ("prefill", "decode")}
     assert all(set(n) == {"region", "config", "count", "available"} for n in doc["nodes"])

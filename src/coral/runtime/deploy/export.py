@@ -1,0 +1,306 @@
+"""`coral export`: a plan file as SkyPilot task YAMLs or `vllm serve` commands.
+
+SkyPilot: one task per (instance line, node configuration) of the plan: a task's nodes share
+one `resources` entry, so a heterogeneous template spans several tasks. `num_nodes` is the
+instance count times the template's nodes of that configuration, so the tasks' nodes add up to
+the plan's per (region, configuration). Each node's `run` picks its replica, stage and layer
+range from `SKYPILOT_NODE_RANK` and starts a Coral engine node with those layers.
+
+vLLM: one `vllm serve` command per instance line whose template vLLM can express
+(:mod:`coral.runtime.deploy.vllm`), with the pipeline and tensor sizes, the uneven layer
+partition and the prefill/decode KV connector; the others are listed with the reason.
+
+Derived shapes (a configuration the region does not sell) cannot be rented as such: they are
+refused unless `allow_derived`, and flagged in every file that uses one.
+No torch here: exports run without the runtime extra.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from coral.atomic import building_dir
+from coral.catalog.hardware import split_config_name
+from coral.catalog.models import builtin_hf_id, builtin_model_names
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
+from coral.runtime.deploy.vllm import vllm_reason
+
+FORMATS = ("skypilot", "vllm")
+
+# Coral GPU names -> SkyPilot accelerator names (SkyPilot calls the 40 GB A100 "A100").
+SKYPILOT_ACCELERATOR = {"A100-40GB": "A100", "V100-16GB": "V100"}
+# Clouds SkyPilot names as Coral's region prefixes do.
+SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "oci", "nebius", "kubernetes")
+
+SCHEDULER_BASE_PORT = 47000  # replica r of instance line i dials port base + 100*i + r on the control host
+NIXL_SIDE_CHANNEL_PORT = 5600
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Export:
+    """Files to write (relative name -> text), instances that could not be expressed, and warnings."""
+
+    format: str
+    files: Mapping[str, str]
+    skipped: tuple[tuple[str, str], ...] = ()  # (instance name, reason)
+    warnings: tuple[str, ...] = ()
+
+
+def _cloud_region(region: str) -> tuple[str, str]:
+    cloud, _, name = region.partition(":")
+    if not name or cloud not in SKYPILOT_CLOUDS:
+        raise CoralError(f"region {region!r}: SkyPilot needs '<cloud>:<region>' with a cloud it knows "
+                         f"({', '.join(SKYPILOT_CLOUDS)})")
+    return cloud, name
+
+
+def _accelerators(config: str) -> str:
+    count, gpu = split_config_name(config)
+    return f"{SKYPILOT_ACCELERATOR.get(gpu, gpu)}:{count}"
+
+
+def _check_derived(plan: PlanFile, allow_derived: bool) -> list[str]:
+    notes = []
+    for i in plan.instances:
+        for c in i.derived:
+            note = (f"{i.name}: {c} is a derived shape in {i.region} (the region does not sell it; "
+                    "its price was derived from the nearest shape sold)")
+            if not allow_derived:
+                raise CoralError(f"{note}; a cloud cannot rent it: re-plan without derive_missing_prices, "
+                                 "or pass --allow-derived to export it anyway (flagged)")
+            notes.append(note)
+    return notes
+
+
+def _hf_id(model_spec_name: str) -> str:
+    return builtin_hf_id(model_spec_name) if model_spec_name in builtin_model_names() else model_spec_name
+
+
+def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
+    """The nodes of `config` in every replica of `inst`, in rank order: replica, stage, node index, layers."""
+    out = []
+    for r in range(inst.count):
+        for s, st in enumerate(inst.stages):
+            for k, c in enumerate(st.nodes):
+                if c == config:
+                    out.append({"replica": r, "stage": s, "node_index": k, "layer_start": st.layer_start,
+                                "layer_end": st.layer_end})
+    return out
+
+
+def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
+    cloud, region = _cloud_region(inst.region)
+    table = _node_table(inst, config)
+    served = next(m for m in plan.scenario.models if m.name == inst.model)
+    offer = plan.scenario.catalog.offers.get((inst.region, config))
+    resources: dict[str, object] = {"cloud": cloud, "region": region, "accelerators": _accelerators(config)}
+    if offer is not None and config not in inst.derived:
+        resources["instance_type"] = offer.instance_type
+    cases = "\n".join(
+        f"  {n}) REPLICA={e['replica']} STAGE={e['stage']} NODE={e['node_index']} "
+        f"LAYER_START={e['layer_start']} LAYER_END={e['layer_end']} ;;" for n, e in enumerate(table))
+    run = (
+        "set -euo pipefail\n"
+        "# This node's place in the plan: its replica, pipeline stage, node index and layers.\n"
+        'case "$SKYPILOT_NODE_RANK" in\n'
+        f"{cases}\n"
+        '  *) echo "node rank $SKYPILOT_NODE_RANK is not in the plan" >&2; exit 1 ;;\n'
+        "esac\n"
+        "export REPLICA STAGE NODE LAYER_START LAYER_END\n"
+        'echo "coral engine: ${CORAL_INSTANCE_PREFIX}-r${REPLICA} stage ${STAGE} node ${NODE} '
+        'layers [${LAYER_START}, ${LAYER_END})"\n'
+        "python - <<'PY'\n"
+        "import json, os, subprocess, sys\n"
+        "e = os.environ\n"
+        "spec = {\n"
+        "    'instance_id': f\"{e['CORAL_INSTANCE_PREFIX']}-r{e['REPLICA']}\", 'stage': int(e['STAGE']),\n"
+        "    'node_index': int(e['NODE']), 'host': '0.0.0.0', 'threads': 8, 'parent_pid': os.getpid(),\n"
+        "    'scheduler': f\"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}\",\n"
+        "    'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),\n"
+        "              'layer_start': int(e['LAYER_START']), 'layer_end': int(e['LAYER_END']),\n"
+        "              'weights_path': e['CORAL_WEIGHTS'], 'device': 'cuda', 'dtype': 'bfloat16'},\n"
+        "}\n"
+        "sys.exit(subprocess.call([sys.executable, '-m', 'coral.runtime.worker', 'engine', json.dumps(spec)]))\n"
+        "PY\n"
+    )
+    task: dict[str, object] = {
+        "name": f"coral-{inst.name}-{config}".lower(),
+        "num_nodes": len(table),
+        "resources": resources,
+        "envs": {
+            "CORAL_INSTANCE_PREFIX": inst.name,
+            "CORAL_CONTROL_HOST": "",  # where the coordinator and this instance's schedulers run (set with --env)
+            "CORAL_SCHEDULER_PORT": str(SCHEDULER_BASE_PORT + 100 * inst.index),
+            "CORAL_WEIGHTS": f"/models/{served.spec.name}",
+            "CORAL_INSTALL": "coral[runtime]",
+            "HF_MODEL": _hf_id(served.spec.name),
+        },
+        "setup": (
+            "set -euo pipefail\n"
+            'pip install "$CORAL_INSTALL"\n'
+            'if [ ! -f "$CORAL_WEIGHTS/config.json" ]; then huggingface-cli download "$HF_MODEL" --local-dir "$CORAL_WEIGHTS"; fi\n'
+        ),
+        "run": run,
+    }
+    return task
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (setup, run) as literal blocks, as SkyPilot's own examples write them."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
+    lines = [f"# Coral plan {plan.path} (scenario {plan.scenario.name}, {plan.method}): {inst.count} x "
+             f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}",
+             "# stages: " + " | ".join(f"{'+'.join(s.nodes)}: layers {s.layer_start}-{s.layer_end - 1}"
+                                       for s in inst.stages)]
+    if inst.derived:
+        lines.append(f"# WARNING: derived shape(s) {', '.join(inst.derived)}: {inst.region} does not sell them; "
+                     "SkyPilot picks the nearest instance with these accelerators")
+    return "\n".join(lines + extra) + "\n"
+
+
+def export_skypilot(plan: PlanFile, *, allow_derived: bool = False) -> Export:
+    """One SkyPilot task YAML per (instance line, node configuration).
+
+    Raises:
+        CoralError: a derived shape without `allow_derived`, or a region SkyPilot cannot name.
+    """
+    warnings = _check_derived(plan, allow_derived)
+    files: dict[str, str] = {}
+    for inst in plan.instances:
+        for config in sorted(set(inst.nodes)):
+            task = _skypilot_task(plan, inst, config)
+            files[f"{inst.name}-{config}.yaml"] = _header(plan, inst, []) + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200)
+    return Export(format="skypilot", files=files, warnings=tuple(warnings))
+
+
+def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> str:
+    """The shell lines that start `inst` under vLLM (Ray across the pipeline's nodes when it has several).
+
+    Raises:
+        CoralError: the template is not one vLLM can run (see :func:`coral.runtime.deploy.vllm.vllm_reason`).
+    """
+    reason = vllm_reason([s.nodes for s in inst.stages])
+    if reason:
+        raise CoralError(f"{inst.name}: {reason}")
+    served = next(m for m in plan.scenario.models if m.name == inst.model)
+    pp = len(inst.stages)
+    tp = split_config_name(inst.stages[0].nodes[0])[0]
+    partition = ",".join(str(s.layers) for s in inst.stages)
+    # NixlConnector takes kv_both on both sides; the P/D proxy in front sends each prompt to a
+    # prefill instance first, then to a decode one that pulls the KV (vLLM's NixlConnector guide).
+    role = ("prefill: the P/D proxy sends prompts here, decode instances pull the KV" if inst.phase is Phase.PREFILL
+            else "decode: pulls the KV of prompts prefilled elsewhere")
+    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+    args = [
+        "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port),
+        "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
+        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
+    ]
+    if pp > 1:
+        args += ["--distributed-executor-backend", "ray"]
+    env = [f"VLLM_PP_LAYER_PARTITION={partition}", f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT}"]
+    lines = [
+        f"# run once per replica ({inst.count}); {role}; pipeline " + " -> ".join(s.nodes[0] for s in inst.stages),
+        f"# layers per stage {partition} (sum {sum(s.layers for s in inst.stages)} = {served.spec.name}'s "
+        f"{served.spec.num_layers})",
+    ]
+    if pp > 1:
+        lines.append("# on every node: ray start (the head on stage 0's node, `ray start --address HEAD:6379` on the "
+                     "others); vLLM places pipeline ranks on Ray nodes itself, so with mixed GPU types check "
+                     "that rank s lands on stage s's node type")
+    if len({s.nodes[0] for s in inst.stages}) > 1:
+        lines.append("# heterogeneous pipeline: " + ", ".join(f"stage {k} {s.nodes[0]}" for k, s in enumerate(inst.stages)))
+    lines.append(" ".join(env) + " " + " ".join(shlex.quote(a) for a in args))
+    return "\n".join(lines) + "\n"
+
+
+def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int = 8000) -> Export:
+    """A `vllm serve` script per instance line vLLM can run; the others listed in `skipped`.
+
+    Raises:
+        CoralError: a derived shape without `allow_derived`, or no instance vLLM can run.
+    """
+    warnings = _check_derived(plan, allow_derived)
+    files: dict[str, str] = {}
+    skipped: list[tuple[str, str]] = []
+    for inst in plan.instances:
+        reason = vllm_reason([s.nodes for s in inst.stages])
+        if reason:
+            skipped.append((inst.name, reason))
+            continue
+        port = base_port + inst.index
+        files[f"{inst.name}.sh"] = ("#!/usr/bin/env bash\nset -euo pipefail\n" + _header(plan, inst, [])
+                                    + vllm_command(plan, inst, port=port))
+    if not files:
+        raise CoralError(f"{plan.path}: vLLM can run none of the plan's {len(plan.instances)} instance lines "
+                         f"(first: {skipped[0][0]}: {skipped[0][1]}); re-plan with `coral plan --engine vllm`")
+    if skipped:
+        files["SKIPPED.txt"] = "".join(f"{name}: {why}\n" for name, why in skipped)
+    return Export(format="vllm", files=files, skipped=tuple(skipped), warnings=tuple(warnings))
+
+
+def export_plan(plan: PlanFile, fmt: str, *, allow_derived: bool = False) -> Export:
+    """Dispatch on `fmt` (one of :data:`FORMATS`).
+
+    Raises:
+        CoralError: an unknown format, or the format's own refusals.
+    """
+    if fmt == "skypilot":
+        return export_skypilot(plan, allow_derived=allow_derived)
+    if fmt == "vllm":
+        return export_vllm(plan, allow_derived=allow_derived)
+    raise CoralError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+
+
+MARKER = ".coral-export"  # names a folder `coral export` wrote, so a re-export may replace it
+
+
+def check_out_folder(out: str | Path) -> Path:
+    """Refuse an `--out` that is not ours to replace: an existing file, or a non-empty folder
+    that no `coral export` wrote (replacing it would delete the user's files).
+
+    Raises:
+        CoralError: naming the path and the fix.
+    """
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise CoralError(f"--out {p}: is a file; give a folder (it is created, or replaced whole)")
+    if p.is_dir() and any(p.iterdir()) and not (p / MARKER).exists():
+        raise CoralError(f"--out {p}: is a folder with other files, which an export would replace; "
+                         "give a new or empty folder")
+    return p
+
+
+def write_export(export: Export, out: str | Path) -> list[Path]:
+    """Write every file of `export` into folder `out`, whole or not at all (a previous export there is replaced).
+
+    Raises:
+        CoralError: as :func:`check_out_folder`.
+    """
+    check_out_folder(out)
+    with building_dir(out) as tmp:
+        (tmp / MARKER).write_text(f"written by coral export ({export.format})\n")
+        for name, text in export.files.items():
+            (tmp / name).write_text(text)
+            if name.endswith(".sh"):
+                (tmp / name).chmod(0o755)
+    return [Path(out) / n for n in export.files]
+
+
+__all__ = ["FORMATS", "MARKER", "Export", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

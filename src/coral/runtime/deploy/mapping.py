@@ -1,0 +1,105 @@
+"""The Plan -> cluster mapping: a plan file's instances as the runtime's instance specs, with each
+node's layer range and routing weight taken from its template."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from coral.errors import CoralError
+from coral.perf.model import Phase, Shape
+from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
+
+
+def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ...], ...]:
+    """Per stage, per node: the tokens/s the node serves, summing to the stage's planned throughput.
+
+    Nodes of one stage hold the same layers and split its micro-batches; the scheduler routes to
+    them in proportion to these weights. A node's share is `1/τ_k` with `τ_k = j·t_k + o_k` its
+    time for the stage's `j` layers (the placement's own timing, DESIGN §3), scaled so that the
+    stage's nodes add up to the throughput the plan states for the stage.
+
+    Args:
+        plan: the plan file (its scenario's performance model and catalog time the nodes).
+        inst: one of its instances.
+
+    Returns:
+        One tuple of weights per stage, in the order of the stage's nodes.
+    """
+    scenario = plan.scenario
+    served = next(m for m in scenario.models if m.name == inst.model)
+    spec = served.spec
+    prompt = served.prompt_tokens_mean
+    shape = Shape(phase=inst.phase, batch=1, prompt_tokens=prompt,
+                  output_tokens=served.output_tokens_mean if inst.phase is Phase.DECODE else 0.0)
+    out: list[tuple[float, ...]] = []
+    n = len(inst.stages)
+    for s, st in enumerate(inst.stages):
+        if len(st.nodes) == 1:
+            out.append((st.throughput_tok_per_s,))
+            continue
+        inv = []
+        for c in st.nodes:
+            cfg = scenario.catalog.config(c)
+            tau = st.layers * scenario.perf.layer_time_s(cfg, spec, shape) + scenario.perf.stage_extra_s(
+                cfg, spec, shape, first=s == 0, last=s == n - 1)
+            inv.append(1.0 / tau)
+        total = sum(inv)
+        out.append(tuple(st.throughput_tok_per_s * x / total for x in inv))
+    return tuple(out)
+
+
+def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
+    """Every running instance of the plan (count expanded) as a `coral.runtime.cluster_config.InstanceSpec`.
+
+    Args:
+        plan: the plan file.
+        models: served model name -> the cluster file's `ModelSpec` (weights or seed, layers).
+
+    Raises:
+        CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
+    """
+    from coral.runtime.cluster_config import InstanceSpec, StageSpec
+
+    specs = []
+    for inst in plan.instances:
+        if inst.model not in models:
+            raise CoralError(f"{plan.path}: the plan serves {inst.model!r}, which the cluster file does not list "
+                             f"(models: {', '.join(models)}); add it under models:")
+        m = models[inst.model]
+        layers = inst.stages[-1].layer_end
+        if m.num_layers != layers:
+            raise CoralError(f"{plan.path}: {inst.model} has {layers} layers in the plan but "
+                             f"{m.num_layers} in the cluster file's config; they must be the same model")
+        weights = node_weights(plan, inst)
+        stages = tuple(StageSpec(layer_start=st.layer_start, layer_end=st.layer_end, node_throughputs=w)
+                       for st, w in zip(inst.stages, weights, strict=True))
+        for r in range(inst.count):
+            specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=inst.phase.value,
+                                      region=inst.region, throughput_tok_per_s=inst.throughput_tok_per_s,
+                                      stages=stages, seed=m.seed, weights_path=m.weights_path))
+    return specs
+
+
+def plan_node_configs(plan: PlanFile) -> dict[str, list[list[str]]]:
+    """Runtime instance name -> per stage, each node's configuration (what the Ray provisioner places by)."""
+    return {f"{inst.name}-r{r}": [list(st.nodes) for st in inst.stages]
+            for inst in plan.instances for r in range(inst.count)}
+
+
+def cluster_from_plan(cluster: Any, plan: PlanFile) -> Any:
+    """The cluster file with its instances replaced by the plan's (models and settings kept)."""
+    return dataclasses.replace(cluster, instances=tuple(plan_instance_specs(plan, {m.name: m for m in cluster.models})))
+
+
+def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None) -> Any:
+    """`coral serve --plan`: read and check the plan file, then :func:`cluster_from_plan`.
+
+    Raises:
+        CoralError: as `load_plan_file` and :func:`plan_instance_specs`.
+    """
+    from coral.runtime.deploy.plan_file import load_plan_file
+
+    return cluster_from_plan(cluster, load_plan_file(path, scenario))
+
+
+__all__ = ["cluster_from_plan", "cluster_from_plan_file", "plan_node_configs", "node_weights", "plan_instance_specs"]

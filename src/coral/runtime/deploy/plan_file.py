@@ -1,0 +1,199 @@
+"""A plan file (`coral plan --out plan.json`) read back and checked against the scenario it was made for."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from coral.allocator.plan import PLAN_JSON_VERSION
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.scenario import Scenario, load_scenario
+
+# Bumped (in coral.allocator.plan) whenever a reader needs a field older files lack.
+PLAN_FILE_VERSION = PLAN_JSON_VERSION
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedStage:
+    """One pipeline stage of a planned instance: its nodes (data parallel) and layer range."""
+
+    nodes: tuple[str, ...]
+    layer_start: int
+    layer_end: int  # exclusive
+    throughput_tok_per_s: float
+
+    @property
+    def layers(self) -> int:
+        return self.layer_end - self.layer_start
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlannedInstance:
+    """`count` identical serving instances of one template in one region, as the plan file states them."""
+
+    index: int  # position in the plan's instance list (names exported files)
+    model: str
+    phase: Phase
+    region: str
+    count: int
+    nodes: tuple[str, ...]  # the template's node multiset, sorted
+    stages: tuple[PlannedStage, ...]
+    throughput_tok_per_s: float
+    price_usd_per_h: float
+    derived: tuple[str, ...] = ()  # configurations of `nodes` the region does not sell
+
+    @property
+    def key(self) -> str:
+        """The template key `model/phase/node+node...` (what `Plan.counts` keys on)."""
+        return f"{self.model}/{self.phase.value}/" + "+".join(self.nodes)
+
+    @property
+    def name(self) -> str:
+        """A file-name-safe label: `03-qwen3-32b-prefill-aws-us-east-2`."""
+        return f"{self.index:02d}-{self.model}-{self.phase.value}-{self.region.replace(':', '-')}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFile:
+    """A checked plan file: its instances and node counts, and the scenario it belongs to."""
+
+    path: str
+    scenario: Scenario
+    method: str
+    status: str
+    cost_usd_per_h: float
+    instances: tuple[PlannedInstance, ...]
+    nodes: dict[tuple[str, str], int]  # (region, config) -> nodes the plan rents
+
+    def nodes_of_instances(self) -> dict[tuple[str, str], int]:
+        """(region, config) -> nodes its instances use (equals `nodes` in a consistent file)."""
+        out: dict[tuple[str, str], int] = {}
+        for i in self.instances:
+            for c in i.nodes:
+                out[(i.region, c)] = out.get((i.region, c), 0) + i.count
+        return out
+
+
+def _field(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise CoralError(f"{where}: field '{key}' is missing; re-run `coral plan --out` to write a current plan file")
+    return d[key]
+
+
+def is_derived(scenario: Scenario, region: str, config: str) -> bool:
+    """A shape the region does not sell (priced by `derive_missing_prices`).
+
+    Read defensively: scenarios carry `is_derived` since issue 14; without it, a (region, config)
+    the catalog has no offer for counts as derived.
+    """
+    check = getattr(scenario, "is_derived", None)
+    if callable(check):
+        return bool(check(region, config))
+    return scenario.catalog.offers.get((region, config)) is None
+
+
+def check_version(data: Any, path: str) -> None:
+    """Refuse anything but a JSON object of the current `plan_version`.
+
+    Raises:
+        CoralError: naming the version found and the fix.
+    """
+    if not isinstance(data, dict):
+        raise CoralError(f"{path}: not a plan file (expected a JSON object from `coral plan --out`)")
+    version = data.get("plan_version")
+    if version != PLAN_FILE_VERSION:
+        found = "no plan_version (an older Coral)" if version is None else f"plan_version {version!r}"
+        raise CoralError(f"{path}: {found}; this Coral reads plan_version {PLAN_FILE_VERSION}: "
+                         "re-run `coral plan --out` to write a current plan file")
+
+
+def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFile:
+    """Check a plan file's JSON against `scenario` and turn it into a :class:`PlanFile`.
+
+    Raises:
+        CoralError: an older or unknown file version, a plan of another scenario, or entries that
+            do not match the scenario (unknown model, region or configuration, layers that do not
+            add up to the model's, node counts that disagree with the instances).
+    """
+    check_version(data, path)
+    name = _field(data, "scenario", path)
+    if name != scenario.name:
+        raise CoralError(f"{path}: field 'scenario' is {name!r}, but the scenario given is {scenario.name!r}; "
+                         f"pass --scenario {name} or re-plan with this scenario")
+    models = {m.name: m for m in scenario.models}
+    configs = {c.name for c in scenario.configs}
+    instances = []
+    for k, raw in enumerate(_field(data, "instances", path)):
+        at = f"{path}: instances[{k}]"
+        model = _field(raw, "model", at)
+        if model not in models:
+            raise CoralError(f"{at}: model {model!r} is not in scenario {scenario.name!r} "
+                             f"(models: {', '.join(models)}); the plan was made for another scenario")
+        region = _field(raw, "region", at)
+        if region not in scenario.regions:
+            raise CoralError(f"{at}: region {region!r} is not in scenario {scenario.name!r}; "
+                             "the plan was made for another scenario")
+        nodes = tuple(_field(raw, "nodes", at))
+        unknown_cfg = sorted(set(nodes) - configs)
+        if unknown_cfg:
+            raise CoralError(f"{at}: configuration {unknown_cfg[0]!r} is not in scenario {scenario.name!r}; "
+                             "the plan was made for another scenario")
+        stages, start = [], 0
+        for s in _field(raw, "stages", at):
+            layers = int(_field(s, "layers", at))
+            stages.append(PlannedStage(nodes=tuple(_field(s, "nodes", at)), layer_start=start, layer_end=start + layers,
+                                       throughput_tok_per_s=float(_field(s, "throughput_tok_per_s", at))))
+            start += layers
+        want = models[model].spec.num_layers
+        if start != want:
+            raise CoralError(f"{at}: its stages hold {start} layers but {model} has {want}; "
+                             "the plan was made for another model spec or scenario")
+        if sorted(n for st in stages for n in st.nodes) != sorted(nodes):
+            raise CoralError(f"{at}: the stages' nodes are not the instance's nodes {list(nodes)}")
+        count = int(_field(raw, "count", at))
+        if count < 1:
+            raise CoralError(f"{at}: field 'count' must be >= 1, got {count}")
+        instances.append(PlannedInstance(
+            index=k, model=model, phase=Phase(_field(raw, "phase", at)), region=region, count=count, nodes=nodes,
+            stages=tuple(stages), throughput_tok_per_s=float(_field(raw, "throughput_tok_per_s", at)),
+            price_usd_per_h=float(_field(raw, "price_usd_per_h", at)),
+            derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)}))))
+    nodes_used = {(n["region"], n["config"]): int(n["count"]) for n in _field(data, "nodes", path) if int(n["count"])}
+    plan = PlanFile(path=path, scenario=scenario, method=str(data.get("method", "")), status=str(data.get("status", "")),
+                    cost_usd_per_h=float(_field(data, "cost_usd_per_h", path)), instances=tuple(instances),
+                    nodes=nodes_used)
+    if plan.nodes_of_instances() != nodes_used:
+        raise CoralError(f"{path}: field 'nodes' does not match the nodes of its instances; the file was edited "
+                         "or truncated: re-run `coral plan --out`")
+    return plan
+
+
+def load_plan_file(path: str | Path, scenario: str | None = None) -> PlanFile:
+    """Read `path` and check it against `scenario` (default: the scenario the file names).
+
+    Raises:
+        CoralError: a missing or unreadable file, bad JSON, or any check of :func:`parse_plan`.
+    """
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise CoralError(f"--plan {p}: no such file (write one with `coral plan --scenario NAME --out {p}`)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CoralError(f"--plan {p}: cannot read it ({e})") from None
+    except json.JSONDecodeError as e:
+        raise CoralError(f"--plan {p}: not JSON ({e.msg} at line {e.lineno}); pass a file from `coral plan --out`") from None
+    check_version(data, str(p))
+    source = data.get("scenario_source")
+    if scenario is None and isinstance(source, str) and source.endswith((".yaml", ".yml")) and not Path(source).is_file():
+        raise CoralError(f"{p}: its scenario file {source} is gone; pass --scenario PATH")
+    name = scenario or (source if isinstance(source, str) and source else data.get("scenario"))
+    if not isinstance(name, str) or not name:
+        raise CoralError(f"{p}: field 'scenario' is missing; pass --scenario NAME")
+    return parse_plan(data, load_scenario(name), str(p))
+
+
+__all__ = ["PLAN_FILE_VERSION", "PlanFile", "PlannedInstance", "PlannedStage", "check_version", "is_derived", "load_plan_file",
+           "parse_plan"]

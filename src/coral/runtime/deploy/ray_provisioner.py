@@ -1,0 +1,277 @@
+"""A provisioner on a Ray cluster: every engine node and scheduler is a Ray actor, placed by GPU type.
+
+Each instance gets one placement group: one bundle per engine node asking for the node's GPUs
+and a sliver of its GPU type's `accelerator_type:<GPU>` resource (what Ray sets on a GPU node,
+and what Ray Serve LLM places replicas by), plus a small CPU bundle for its scheduler. An actor
+owns one runtime process (`python -m coral.runtime.worker ROLE SPEC`, the same entry point the
+local provisioner starts); killing the actor ends its process, which the coordinator sees as a
+dead engine. The local provisioner stays the default; this one needs the `ray` extra.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coral.catalog.hardware import split_config_name
+from coral.errors import CoralError
+from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
+from coral.runtime.provisioner import Provisioner, _free_port
+
+__all__ = ["RayProvisioner", "ray_capacity"]
+
+log = logging.getLogger(__name__)
+
+ACCELERATOR_SLIVER = 0.001  # per actor: enough to pin the GPU type, never the binding constraint
+
+
+class _Process:
+    """Ray actor body: one runtime process, started, probed and stopped on request."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, role: str, spec: dict[str, Any]) -> int:
+        spec = {**spec, "parent_pid": os.getpid()}
+        self.proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
+                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return self.proc.pid
+
+    def node_id(self) -> str:
+        """The Ray node this actor runs on."""
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+def ray_capacity() -> Counter[tuple[str, int]]:
+    """(GPU type, GPUs) -> alive Ray nodes of that shape (`accelerator_type:<GPU>` and `GPU` resources)."""
+    import ray
+
+    out: Counter[tuple[str, int]] = Counter()
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        res = node.get("Resources", {})
+        for key in res:
+            if key.startswith("accelerator_type:"):
+                out[(key.split(":", 1)[1], int(res.get("GPU", 0)))] += 1
+    return out
+
+
+class RayProvisioner(Provisioner):
+    """Instances as Ray actors, one placement group per instance.
+
+    Args:
+        node_configs: instance name -> per stage, the node configuration of each node (e.g.
+            `[["4xL4"], ["4xL40S", "4xL40S"]]`, from `coral.runtime.deploy.mapping.plan_node_configs`).
+            A replacement `name-2` uses the entry of `name`.
+        default_config: the configuration of nodes of instances not in `node_configs` (None: no GPU
+            asked for, CPU-only actors).
+        address: the Ray cluster to join (None: the one this process already joined, or a new local one).
+        cpus_per_engine: CPUs each engine actor reserves.
+        placement_timeout_s: how long a placement group may wait for free nodes.
+    """
+
+    def __init__(self, node_configs: Mapping[str, Sequence[Sequence[str]]] | None = None, *,
+                 default_config: str | None = None, address: str | None = None, cpus_per_engine: float = 0.5,
+                 placement_timeout_s: float = 60.0, log_level: str = "WARNING") -> None:
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False)
+        self.node_configs = dict(node_configs or {})
+        self.default_config = default_config
+        self.cpus_per_engine = cpus_per_engine
+        self.placement_timeout_s = placement_timeout_s
+        self.log_level = log_level
+        self.actors: dict[str, Any] = {}  # process name -> actor handle
+        self.pids_: dict[str, int] = {}
+        self.groups: dict[str, Any] = {}  # instance -> placement group
+        self.retired: set[str] = set()
+
+    # -- shapes and capacity ------------------------------------------------------------------
+    def configs_of(self, inst: InstanceSpec) -> list[list[str | None]]:
+        """Per stage, per node: its configuration (or None), checked against the instance's shape."""
+        name = inst.name
+        while name not in self.node_configs and "-" in name and name.rsplit("-", 1)[1].isdigit():
+            name = name.rsplit("-", 1)[0]
+        shape = [len(st.node_throughputs) for st in inst.stages]
+        if name in self.node_configs:
+            got = [list(s) for s in self.node_configs[name]]
+            if [len(s) for s in got] != shape:
+                raise CoralError(f"instance {inst.name}: node_configs has {[len(s) for s in got]} nodes per stage, "
+                                 f"the instance {shape}")
+            return [list(s) for s in got]
+        return [[self.default_config] * n for n in shape]
+
+    def check_capacity(self, instances: Sequence[InstanceSpec]) -> None:
+        """Refuse a set of instances that needs more GPU nodes of a type than the Ray cluster has.
+
+        Raises:
+            CoralError: naming the GPU type, the nodes needed and the shortfall.
+        """
+        need: Counter[tuple[str, int]] = Counter()
+        for inst in instances:
+            for stage in self.configs_of(inst):
+                for c in stage:
+                    if c is not None:
+                        count, gpu = split_config_name(c)
+                        need[(gpu, count)] += 1
+        have = ray_capacity()
+        for (gpu, count), n in sorted(need.items()):
+            fits = sum(k for (g, c), k in have.items() if g == gpu and c >= count)
+            if fits < n:
+                raise CoralError(f"the plan needs {n} Ray nodes with {count}x {gpu} (accelerator_type:{gpu}), the Ray "
+                                 f"cluster has {fits}: {n - fits} short; add {gpu} nodes or re-plan with fewer")
+
+    # -- Provisioner ------------------------------------------------------------------------------
+    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        configs = self.configs_of(inst)
+        self.retired.discard(inst.name)
+        bundles: list[dict[str, float]] = [{"CPU": 0.05}]  # the scheduler
+        for stage in configs:
+            for c in stage:
+                b: dict[str, float] = {"CPU": self.cpus_per_engine}
+                if c is not None:
+                    count, gpu = split_config_name(c)
+                    b.update({"GPU": float(count), f"accelerator_type:{gpu}": ACCELERATOR_SLIVER})
+                bundles.append(b)
+        pg = placement_group(bundles, strategy="PACK", name=f"coral-{inst.name}")
+        try:
+            ray.get(pg.ready(), timeout=self.placement_timeout_s)
+        except Exception:
+            ray.util.remove_placement_group(pg)
+            raise CoralError(f"instance {inst.name}: its placement group ({len(bundles) - 1} engine nodes) was not "
+                             f"placed within {self.placement_timeout_s:.0f} s; the Ray cluster lacks nodes") from None
+        self.groups[inst.name] = pg
+        actor_cls = ray.remote(_Process)
+        host = cluster.host
+        common = {"curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
+                  "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
+                  "log_level": self.log_level}
+        port = _free_port(host)
+        nodes = [{"stage": s, "node_index": k, "layer_start": st.layer_start, "layer_end": st.layer_end,
+                  "throughput_tok_per_s": w}
+                 for s, st in enumerate(inst.stages) for k, w in enumerate(st.node_throughputs)]
+
+        def spawn(name: str, role: str, spec: dict[str, Any], bundle: int) -> None:
+            b = bundles[bundle]
+            opts: dict[str, Any] = {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0),
+                                    "resources": {k: v for k, v in b.items() if k.startswith("accelerator_type:")},
+                                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+                                    "name": f"coral/{name}", "max_restarts": 0}
+            actor: Any = actor_cls.options(**opts).remote()  # type: ignore[attr-defined]
+            self.actors[name] = actor
+            self.pids_[name] = ray.get(actor.start.remote(role, spec), timeout=60)
+
+        spawn(f"{inst.name}/scheduler", "scheduler", {
+            "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
+            "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
+            "host": host, "port": port, **common}, 0)
+        for i, n in enumerate(nodes):
+            spec: dict[str, Any] = {
+                "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"],
+                "scheduler": f"tcp://{host}:{port}", "host": host, "threads": cluster.torch_threads, **common,
+                "shard": {"config": model.config, "layer_start": n["layer_start"], "layer_end": n["layer_end"],
+                          "seed": inst.seed, "weights_path": inst.weights_path, "device": cluster.device,
+                          "dtype": cluster.dtype}}
+            spawn(f"{inst.name}/{n['stage']}/{n['node_index']}", "engine", spec, i + 1)
+
+    @staticmethod
+    def _instance_of(proc_name: str) -> str:
+        return proc_name.split("/", 1)[0]
+
+    def pids(self, name: str) -> dict[str, int]:
+        """Process name -> pid of instance `name`'s processes (as `LocalProvisioner.pids`)."""
+        return {n: p for n, p in self.pids_.items() if self._instance_of(n) == name}
+
+    def actor(self, proc_name: str) -> Any:
+        """The Ray actor running process `proc_name` (e.g. `b/1/0`), for tests that kill one."""
+        return self.actors[proc_name]
+
+    def _alive(self, names: list[str]) -> dict[str, bool]:
+        import ray
+
+        refs = {}
+        out = {}
+        for n in names:
+            try:
+                refs[n] = self.actors[n].alive.remote()
+            except Exception:
+                out[n] = False
+        for n, ref in refs.items():
+            try:
+                out[n] = bool(ray.get(ref, timeout=10))
+            except Exception:  # the actor died (killed, its node lost)
+                out[n] = False
+        return out
+
+    def dead(self) -> list[str]:  # noqa: D102
+        names = [n for n in self.actors if self._instance_of(n) not in self.retired]
+        return [n for n, ok in self._alive(names).items() if not ok]
+
+    def instance_alive(self, name: str) -> bool:
+        """Whether any process of instance `name` still runs; when none does (drained, or failed), its
+        actors and placement group are released at once, so its GPUs return to the Ray cluster
+        without waiting for the controller's next sweep."""
+        mine = [n for n in self.actors if self._instance_of(n) == name]
+        alive = any(self._alive(mine).values())
+        if mine and not alive:
+            self.stop_instance(name, timeout_s=0.1)
+        return alive
+
+    def stop_instance(self, name: str, timeout_s: float = 5.0) -> None:  # noqa: D102
+        import ray
+
+        self.retired.add(name)
+        mine = [n for n in self.actors if self._instance_of(n) == name]
+        refs = []
+        for n in mine:
+            try:
+                refs.append(self.actors[n].stop.remote(timeout_s))
+            except Exception:
+                pass
+        deadline = time.monotonic() + timeout_s + 5
+        for r in refs:
+            try:
+                ray.get(r, timeout=max(0.1, deadline - time.monotonic()))
+            except Exception:
+                pass
+        for n in mine:
+            try:
+                ray.kill(self.actors[n])
+            except Exception:
+                pass
+            del self.actors[n]
+            self.pids_.pop(n, None)
+        pg = self.groups.pop(name, None)
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
+
+    def stop_all(self, timeout_s: float = 10.0) -> None:  # noqa: D102
+        for name in sorted({self._instance_of(n) for n in self.actors} | set(self.groups)):
+            self.stop_instance(name, timeout_s=min(timeout_s, 5.0))

@@ -1,0 +1,109 @@
+"""SkyPilot's own loader (`sky.Task.from_yaml_config`) accepts every exported task, offline.
+
+SkyPilot pins click<8.2, which Coral's CLI tests outgrew, so it lives in its own virtual
+environment (`make venv` builds `.venv-sky`; $CORAL_SKYPILOT_PYTHON points elsewhere). SkyPilot
+checks instance types against its AWS catalog; offline, the test hands it one written from the
+public price table Coral's catalog was built from (the same SkyPilot catalog commit).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import run
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHECK = r"""
+import json, sys, yaml
+import sky
+from sky import catalog
+out = []
+for path in sys.argv[1:]:
+    task = sky.Task.from_yaml_config(yaml.safe_load(open(path)))
+    (res,) = task.resources
+    acc = catalog.get_accelerators_from_instance_type(res.instance_type, clouds="aws") if res.instance_type else None
+    out.append({"file": path, "num_nodes": task.num_nodes, "cloud": str(res.cloud).lower(), "region": res.region,
+                "accelerators": res.accelerators, "instance_type": res.instance_type, "catalog_accelerators": acc,
+                "run": task.run, "envs": task.envs})
+print(json.dumps(out))
+"""
+
+
+def _sky_python() -> str:
+    exe = os.environ.get("CORAL_SKYPILOT_PYTHON") or str(REPO / ".venv-sky" / "bin" / "python")
+    if not Path(exe).exists():
+        pytest.skip(f"no SkyPilot interpreter at {exe}: `make venv` builds .venv-sky")
+    return exe
+
+
+def _sky_home(home: Path, data_dir: Path) -> None:
+    """An AWS catalog in SkyPilot's v8 format, from shared/data/prices/gpu_nodes.csv."""
+    folder = home / ".sky" / "catalogs" / "v8" / "aws"
+    folder.mkdir(parents=True)
+    names = {"A100-40GB": "A100", "V100-16GB": "V100"}
+    with open(data_dir / "prices" / "gpu_nodes.csv") as f, open(folder / "vms.csv", "w", newline="") as g:
+        w = csv.writer(g)
+        w.writerow(["InstanceType", "AcceleratorName", "AcceleratorCount", "vCPUs", "MemoryGiB", "GpuInfo", "Price",
+                    "SpotPrice", "Region", "AvailabilityZone"])
+        for r in csv.DictReader(f):
+            if r["cloud"] == "aws":
+                w.writerow([r["instance_type"], names.get(r["gpu"], r["gpu"]), r["gpu_count"], r["vcpus"],
+                            r["memory_gib"], "", r["price_per_hour"], r["spot_price_per_hour"], r["region"],
+                            r["region"] + "a"])
+
+
+def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
+    exe = _sky_python()
+    r = run("export", "--plan", str(plan), "--format", "skypilot", "--out", str(tmp_path / "sky"), *extra)
+    assert r.exit_code == 0, r.output
+    files = sorted(str(p) for p in (tmp_path / "sky").glob("*.yaml"))
+    home = tmp_path / "home"
+    _sky_home(home, data_dir)
+    env = {**os.environ, "HOME": str(home), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
+    proc = subprocess.run([exe, "-c", CHECK, *files], capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(files) == len(tasks)
+    total: dict[tuple[str, str], int] = {}
+    for t in tasks:
+        assert t["cloud"] == "aws"
+        # the instance type SkyPilot's catalog knows carries exactly the accelerators the task asks for
+        assert t["catalog_accelerators"] == t["accelerators"]
+        ((gpu, count),) = t["accelerators"].items()
+        key = (f"aws:{t['region']}", f"{int(count)}x{gpu}")
+        total[key] = total.get(key, 0) + t["num_nodes"]
+    assert {(n["region"], n["config"]): n["count"] for n in data["nodes"] if n["count"]} == total
+
+
+def test_skypilot_accepts_every_exported_task(two_model_plan, tmp_path, data_dir):
+    scenario, plan, data = two_model_plan
+    _check_with_skypilot(plan, data, tmp_path, data_dir, "--scenario", str(scenario))
+
+
+@pytest.mark.slow
+def test_core_plan_exports_to_skypilot(tmp_path, data_dir):
+    """The issue's target: a core plan's tasks are accepted and add up to its nodes per (region, shape)."""
+    plan = tmp_path / "core.json"
+    r = run("plan", "--scenario", "core", "--out", str(plan))
+    assert r.exit_code == 0, r.output
+    data = json.loads(plan.read_text())
+    _check_with_skypilot(plan, data, tmp_path, data_dir, "--allow-derived")
+
+
+def test_skypilot_rejects_a_broken_task(tmp_path, data_dir):
+    """The check above can fail: SkyPilot refuses a field it does not know."""
+    exe = _sky_python()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nresources: {cloud: aws, region: us-east-2, accelerators: 'L4:4', gpus_per_node: 4}\n")
+    home = tmp_path / "home"
+    _sky_home(home, data_dir)
+    proc = subprocess.run([exe, "-c", CHECK, str(bad)], capture_output=True, text=True,
+                          env={**os.environ, "HOME": str(home)}, timeout=240)
+    assert proc.returncode != 0
+    assert "gpus_per_node" in proc.stderr

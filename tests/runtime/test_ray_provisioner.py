@@ -1,0 +1,133 @@
+"""The Ray provisioner on a 3-node local Ray cluster (127.0.0.1) with fake GPUs: actors placed by
+`accelerator_type`, one placement group per instance, and the lifecycle tests on it (a plan change
+under load with a drain, the kill of an engine actor), with every request sent accounted for."""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from coral.errors import CoralError
+from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.deployment import Deployment
+
+from .conftest import http, wait_until
+from .test_lifecycle import CLUSTER, NEW_C, Load
+
+ray = pytest.importorskip("ray")
+
+from coral.runtime.deploy.ray_provisioner import RayProvisioner, ray_capacity  # noqa: E402
+
+# a: one L4 node; b: an L4 stage then an L40S stage; c (started by the plan change): two L40S stages
+CONFIGS = {"a": [["1xL4"]], "b": [["1xL4"], ["1xL40S"]], "c": [["1xL40S"], ["1xL40S"]]}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[object]:
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1, "resources": {"accelerator_type:L4": 1}})
+    c.add_node(num_cpus=2, num_gpus=1, resources={"accelerator_type:L4": 1})
+    try:
+        c.add_node(num_cpus=3, num_gpus=6, resources={"accelerator_type:L40S": 1})
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dep(ray_cluster: object) -> Iterator[Deployment]:
+    prov = RayProvisioner(CONFIGS)
+    d = Deployment(parse_cluster(CLUSTER), prov, http_port=0)
+    d.start(timeout_s=180)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _node_of(actor: object) -> str:
+    """The Ray node an actor runs on."""
+    return str(ray.get(actor.node_id.remote(), timeout=30))  # type: ignore[attr-defined]
+
+
+def test_capacity_and_placement_by_gpu_type(dep: Deployment) -> None:
+    assert {("L4", 1): 2, ("L40S", 6): 1} == dict(ray_capacity())
+    prov = dep.provisioner
+    assert isinstance(prov, RayProvisioner)
+    gpu_node = {n["NodeID"]: next(k.split(":")[1] for k in n["Resources"] if k.startswith("accelerator_type:"))
+                for n in ray.nodes() if n["Alive"]}
+    assert "L4" == gpu_node[_node_of(prov.actor("a/0/0"))]
+    assert "L4" == gpu_node[_node_of(prov.actor("b/0/0"))]
+    assert "L40S" == gpu_node[_node_of(prov.actor("b/1/0"))]
+    assert {"a", "b"} <= set(prov.groups)  # one placement group per instance
+    # three 1xL4 nodes are one more than the cluster has
+    too_many = parse_cluster({**CLUSTER, "instances": [{**CLUSTER["instances"][0], "name": n} for n in ("x", "y", "z")]})
+    with pytest.raises(CoralError, match=r"needs 3 Ray nodes with 1x L4 .* has 2: 1 short"):
+        RayProvisioner({n: [["1xL4"]] for n in ("x", "y", "z")}).check_capacity(too_many.instances)
+
+
+def test_plan_change_under_load_with_a_drain(dep: Deployment) -> None:
+    coord, prov = dep.coordinator, dep.provisioner
+    assert coord is not None
+    with Load(dep.url, clients=3, max_tokens=24) as load:
+        assert wait_until(lambda: load.completed >= 4 and coord.loads().get("a", 0) > 0, 60)
+        s, body = http("POST", dep.url + "/admin/plan", {"instances": [CLUSTER["instances"][1], NEW_C]})
+        assert 200 == s, body
+        assert {("drain", "a"), ("start", "c")} == {(a["kind"], a["instance"]) for a in body["actions"] if a["kind"] != "keep"}
+        assert wait_until(lambda: "stopped" == coord.retired.get("a"), 60)
+        assert wait_until(lambda: not prov.instance_alive("a"), 20), "drained instance's actors still run"
+        assert wait_until(lambda: coord.loads().get("c", 0) > 0 or any(e[1] == "c" and e[2] == "first request" for e in coord.events), 90)
+        n = load.completed
+        assert wait_until(lambda: load.completed >= n + 4, 60)
+    assert coord.load_at_drain["a"] > 0, "the drain began with no request in flight; the test proved nothing"
+    assert load.sent == load.completed + len(load.errors)
+    assert [] == load.errors
+    assert "a" not in prov.groups  # its placement group was released with its last process
+    # 8 GPUs: b holds one L4 and one L40S, c two L40S; a's L4 is back
+    assert wait_until(lambda: 4 == ray.available_resources().get("GPU", 0), 20), ray.available_resources()
+
+
+def test_kill_of_an_engine_actor_every_request_accounted(dep: Deployment) -> None:
+    coord, prov, ctl = dep.coordinator, dep.provisioner, dep.controller
+    assert coord is not None and isinstance(prov, RayProvisioner) and {"b", "c"} <= set(coord.instances)
+    with Load(dep.url, clients=3) as load:
+        assert wait_until(lambda: load.completed >= 4 and coord.loads().get("c", 0) > 0, 60)
+        ray.kill(prov.actor("c/1/0"))  # c's second stage
+        assert wait_until(lambda: "c" in coord.retired, 20), "dead engine actor not detected"
+        n = load.completed
+        assert wait_until(lambda: load.completed >= n + 4, 60), "service stopped serving"
+        time.sleep(1.0)  # the controller's sweep releases c's placement group
+        ctl.epoch()
+        assert wait_until(lambda: "c-2" in coord.instances, 120)
+    assert load.sent == load.completed + len(load.errors)
+    assert [] == load.errors
+    assert "L40S" in {k.split(":")[1] for n in ray.nodes() for k in n["Resources"] if k.startswith("accelerator_type:")}
+
+
+def test_serve_plan_on_a_short_ray_cluster_exits_2_naming_the_gpu(ray_cluster: object, tmp_path) -> None:
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+
+    from coral.cli import main
+
+    from .test_serve_plan import PHI, _cluster
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(PHI))
+    plan = tmp_path / "plan.json"
+    assert 0 == CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(_cluster(40)))
+    used = {n["config"] for n in json.loads(plan.read_text())["nodes"] if n["count"]}
+    assert used & {"4xL4", "4xL40S"}  # 4-GPU nodes: the test cluster's L4 nodes have one GPU each
+    r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan), "--provisioner", "ray"])
+    assert 2 == r.exit_code, r.output
+    out = " ".join(r.output.split())
+    assert "Ray nodes with 4x L4" in out or "Ray nodes with 4x L40S" in out
+    assert "short" in out

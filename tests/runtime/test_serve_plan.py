@@ -1,0 +1,95 @@
+"""`coral serve --plan`: a plan file's instances started as real processes on 127.0.0.1 and served
+end to end (a tiny model with the planned model's layer count stands in for it)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from coral.cli import main
+from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.deployment import Deployment
+from coral.runtime.deploy.mapping import cluster_from_plan_file
+from coral.runtime.model import BUILTIN_CONFIGS
+
+from .conftest import http
+
+PHI = {
+    "name": "servetest", "description": "phi-4 only",
+    "models": [{"name": "phi-4", "ttft_ms": 2000, "tpot_ms": 80,
+                "workload": {"rate_per_s": 4, "dataset": "synthetic", "prompt_tokens_mean": 600, "output_tokens_mean": 60}}],
+    "configs": ["1xL40S", "4xL40S", "1xL4", "4xL4"],
+    "regions": [{"name": "aws:us-east-2"}],
+    "planner": {"n_max": 3, "batch_grid": [1, 4, 16, 64], "history_s": 900, "epoch_s": 120},
+}
+
+
+def _cluster(layers: int) -> dict:
+    return {
+        "coordinator": {"port": 0}, "device": "cpu",
+        "models": [{"name": "phi-4", "hf_config": {**BUILTIN_CONFIGS["tiny-llama"], "num_hidden_layers": layers},
+                    "weights": {"seed": 3}}],
+        # replaced by the plan's instances
+        "instances": [{"name": "x", "model": "phi-4", "phase": "mixed", "region": "r", "stages": [{"layers": [0, layers]}]}],
+    }
+
+
+def test_serve_plan_starts_the_plans_instances_and_serves(tmp_path: Path) -> None:
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(PHI))
+    plan = tmp_path / "plan.json"
+    r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)])
+    assert r.exit_code == 0, r.output
+    data = json.loads(plan.read_text())
+    cluster = cluster_from_plan_file(parse_cluster(_cluster(40)), str(plan))
+    assert sum(i["count"] for i in data["instances"]) == len(cluster.instances)
+    dep = Deployment(cluster, http_port=0)
+    dep.start(timeout_s=180)
+    try:
+        assert dep.coordinator is not None
+        assert {i.name for i in cluster.instances} == set(dep.coordinator.instances)
+        for prompt in ([1, 2, 3], [7] * 12, [40, 41]):
+            s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": prompt, "max_tokens": 3,
+                                                             "temperature": 0})
+            assert 200 == s, b
+            assert 3 == len(b["choices"][0]["token_ids"])
+    finally:
+        dep.stop()
+
+
+def test_serve_plan_of_another_model_exits_2(tmp_path: Path) -> None:
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(PHI))
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(_cluster(6)))
+    r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan)])
+    assert 2 == r.exit_code
+    assert "40 layers in the plan but 6" in " ".join(r.output.split())
+
+
+def test_dry_run_serves_the_first_plan_and_only_logs_later_changes() -> None:
+    from .test_lifecycle import CLUSTER, NEW_C
+
+    dep = Deployment(parse_cluster(CLUSTER), http_port=0, dry_run=True)
+    dep.start(timeout_s=120)
+    try:
+        coord, ctl, prov = dep.coordinator, dep.controller, dep.provisioner
+        assert coord is not None and {"a", "b"} == set(coord.instances)
+        s, body = http("POST", dep.url + "/admin/plan", {"instances": [CLUSTER["instances"][1], NEW_C]})
+        assert 200 == s, body
+        planned = {(a["kind"], a["instance"]) for a in body["actions"] if a["kind"] != "keep"}
+        assert {("drain", "a"), ("start", "c")} == planned
+        assert ctl.history[-1]["dry_run"] is True
+        assert planned == set(ctl.history[-1]["actions"])
+        ctl.epoch()
+        # nothing was carried out: a still serves, c was never started
+        assert {"a", "b"} == set(coord.instances) and "a" not in coord.retired
+        assert prov.instance_alive("a") and not prov.pids("c")
+        s, b = http("POST", dep.url + "/v1/completions", {"model": "llama", "prompt": [5, 6], "max_tokens": 2, "temperature": 0})
+        assert 200 == s
+    finally:
+        dep.stop()
