@@ -16,6 +16,7 @@ from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
 from coral.allocator.inputs import (
     AllocationInputs,
     Columns,
+    _table,
     build_columns,
     build_inputs,
     find_template,
@@ -227,14 +228,15 @@ def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: 
                        demand: Mapping[tuple[str, Phase | str], float] | None = None,
                        options: SolveOptions | None = None, floor: int = 0) -> dict[tuple[str, str], int]:
     """DESIGN §7's scarce setting, as the paper sizes it: GPUs `margin` above the estimated
-    minimum demand, spread over every offer.
+    minimum demand, spread over every offer that can serve it.
 
     The minimum is method-neutral: the fewest GPUs any mix of the library's templates needs to
-    meet the demand (the allocation ILP with every node priced at its GPU count, availability
-    unbounded). `(1 + margin)` times that many GPUs are then spread evenly over every sold
-    (region, config): each gets `⌈(1 + margin)·G_min / (offers · gpus per node)⌉` nodes (at least
-    `floor`). No method's favourite shape is large enough on its own, so the availability binds
-    for all of them, and nothing about it comes from Coral's cost-optimal plan.
+    meet each (model, phase)'s demand (the allocation ILP with every node priced at its GPU count,
+    availability unbounded). Each (model, phase)'s `(1 + margin)·G_min` GPUs are then spread evenly
+    over every sold (region, config) some template of it can use (in a region the model may run
+    in): `(1 + margin)·G_g / offers_g` GPUs per offer. An offer's nodes are the sum over groups,
+    rounded up, at least `floor`. No single shape gets enough for one method's favourite plan, so
+    the availability binds for every method, and nothing in it comes from Coral's cost-optimal plan.
 
     Args:
         scenario: the scenario (its name picks the default margin: core 0.25, extended 0.75,
@@ -263,9 +265,18 @@ def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: 
     if plan.status not in (Status.OPTIMAL, Status.FEASIBLE, Status.TIME_LIMIT) or plan.alpha < 1 - _REL_TOL:
         raise CoralError(f"scenario {scenario.name}: the minimum-GPU plan behind tight_availability ended "
                          f"{plan.status.value} (alpha {plan.alpha:.3g}); {'; '.join(plan.notes)}")
-    g_min = sum(n.count * gpus.get(n.config, 1) for n in plan.nodes)
-    share = (1 + m) * g_min / max(1, len(inputs.prices))
-    return {key: max(floor, math.ceil(share / gpus.get(key[1], 1) - 1e-9)) for key in inputs.prices}
+    share: dict[tuple[str, str], float] = dict.fromkeys(inputs.prices, 0.0)
+    used: dict[tuple[str, Phase], float] = {}
+    for inst in plan.instances:
+        g = (inst.template.model, inst.template.phase)
+        used[g] = used.get(g, 0.0) + inst.count * sum(gpus.get(c, 1) for c in inst.template.nodes)
+    for g, g_min in used.items():
+        names, usage, _ = _table(inputs.templates.get(g, ())).arrays()  # the library's arrays, no objects
+        shapes = {names[k] for k in range(len(names)) if usage[:, k].any()}
+        offers = [(r, c) for (r, c) in inputs.prices if c in shapes and r in inputs.allowed_regions[g[0]]]
+        for key in offers:
+            share[key] += (1 + m) * g_min / len(offers)
+    return {key: max(floor, math.ceil(v / gpus.get(key[1], 1) - 1e-9)) for key, v in share.items()}
 
 
 def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,

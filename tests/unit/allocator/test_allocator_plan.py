@@ -96,14 +96,16 @@ def test_region_restriction_is_respected():
 def test_tight_availability_spreads_a_margin_above_the_fewest_gpus_over_every_offer():
     scen = make_scenario(["m1", "m2"], PRICES, AVAIL)  # named "core": margin 0.25
     # Fewest GPUs (A and B are 1-GPU nodes here): m1 prefill 200 = 2 x A (100 each), m1 decode
-    # 240 = 4 x B (60), m2 prefill 50 = 2 x A (40), m2 decode 30 = 1 x B (40): 9 GPUs.
-    # 1.25 x 9 / 4 offers = 2.81 -> 3 nodes per offer.
+    # 240 = 4 x B (60), m2 prefill 50 = 2 x A (40), m2 decode 30 = 1 x B (40). Each group's
+    # 1.25 x GPUs go evenly to the offers its templates can use (both regions):
+    #   m1 prefill (A, B): 2.5 / 4 offers; m1 decode (A, B): 5 / 4; m2 prefill (A): 2.5 / 2; m2 decode (B): 1.25 / 2
+    #   A offers: 0.625 + 1.25 + 1.25 = 3.125 -> 4 nodes; B offers: 0.625 + 1.25 + 0.625 = 2.5 -> 3
     tight = tight_availability(scen, LIB, demand=DEMAND)
-    assert tight == {k: 3 for k in PRICES}
+    assert tight == {("r1", "A"): 4, ("r2", "A"): 4, ("r1", "B"): 3, ("r2", "B"): 3}
     plan = allocate(scen, LIB, demand=DEMAND, availability=tight)
     assert plan.alpha == 1.0 and any(n.binding for n in plan.nodes)  # it fits, and it binds
-    wide = tight_availability(replace(scen, name="extended"), LIB, demand=DEMAND)  # 1.75 x 9 / 4 = 3.94
-    assert wide == {k: 4 for k in PRICES}
+    wide = tight_availability(replace(scen, name="extended"), LIB, demand=DEMAND)  # x 1.75: A 4.375, B 3.5
+    assert wide == {("r1", "A"): 5, ("r2", "A"): 5, ("r1", "B"): 4, ("r2", "B"): 4}
     assert tight_availability(scen, LIB, demand=DEMAND, floor=5) == {k: 5 for k in PRICES}
 
 
