@@ -18,8 +18,16 @@ PLANNING_SEED = 7919
 _SAMPLES: dict[tuple[Any, ...], Trace] = {}
 
 
-def traffic_sample(scenario: Any, model: str, duration_s: float | None = None) -> Trace:
+def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *,
+                   min_rate_per_s: float = 0.0) -> Trace:
     """`duration_s` (default `planner.history_s`) of `model`'s workload, drawn with `PLANNING_SEED`.
+
+    Args:
+        min_rate_per_s: draw at least this rate (the lengths do not depend on the rate, so the
+            length summary of a model with almost no traffic still has requests to read).
+
+    Returns:
+        The trace; it may hold no request when the rate is (near) zero.
 
     Raises:
         CoralError: the workload's data cannot be read.
@@ -28,15 +36,16 @@ def traffic_sample(scenario: Any, model: str, duration_s: float | None = None) -
 
     served = scenario.model(model)
     window = float(duration_s or scenario.planner.history_s)
-    key = (served.name, served.workload.model_dump_json(), str(scenario.base_dir), window)
+    workload = served.workload
+    if workload.rate_per_s < min_rate_per_s:
+        workload = workload.model_copy(update={"rate_per_s": min_rate_per_s})
+    key = (served.name, workload.model_dump_json(), str(scenario.base_dir), window)
     hit = _SAMPLES.get(key)
     if hit is None:
         if len(_SAMPLES) > 256:
             _SAMPLES.clear()
-        hit = _SAMPLES[key] = build_workload({served.name: served.workload}, duration_s=window, seed=PLANNING_SEED,
+        hit = _SAMPLES[key] = build_workload({served.name: workload}, duration_s=window, seed=PLANNING_SEED,
                                              base_dir=scenario.base_dir)[served.name]
-    if len(hit) == 0:
-        raise CoralError(f"model {model}: its workload produced no requests in {window:g} s; raise rate_per_s")
     return hit
 
 
@@ -48,8 +57,16 @@ def component_attainment(scenario: Any, model: str) -> float:
 
 
 def length_summary(scenario: Any, model: str) -> LengthSummary:
-    """`model`'s length distribution at its per-phase quantile."""
-    return summarize_lengths(traffic_sample(scenario, model), component_attainment(scenario, model))
+    """`model`'s length distribution at its per-phase quantile (drawn at >= 1 req/s: lengths don't
+    depend on the rate).
+
+    Raises:
+        CoralError: the workload has no request to read lengths from.
+    """
+    sample = traffic_sample(scenario, model, min_rate_per_s=1.0)
+    if len(sample) == 0:
+        raise CoralError(f"model {model}: its workload produced no requests to size templates on; check its dataset")
+    return summarize_lengths(sample, component_attainment(scenario, model))
 
 
 _LINKS: dict[tuple[Any, ...], KvLink] = {}

@@ -124,3 +124,23 @@ def test_a_window_beyond_reach_is_sized_for_what_latency_allows_not_refused():
                          strict=False)
     # every request takes 2 s alone: nothing reaches a 1 s TTFT, and no capacity is bought for it
     assert t.predicted_attainment == 0.0 and t.capacity_tok_per_s == pytest.approx(t.mean_tok_per_s)
+
+
+def test_a_model_with_no_traffic_gets_no_capacity_but_its_templates_still_have_lengths(tmp_path):
+    import yaml
+
+    from coral.allocator.demand import capacity_targets
+    from coral.perf.model import Phase
+    from coral.scenario import load_scenario
+    from coral.scenario.traffic import length_summary
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "idle", "configs": ["1xL40S", "4xL40S"], "regions": [{"name": "aws:us-east-2"}],
+        "models": [{"name": "phi-4", "ttft_ms": 3000, "tpot_ms": 150, "workload": {
+            "rate_per_s": 1e-6, "dataset": "synthetic", "prompt_tokens_mean": 500, "output_tokens_mean": 50}}]}))
+    s = load_scenario(str(path))
+    assert length_summary(s, "phi-4").requests > 100  # drawn at 1 req/s for the lengths
+    targets = capacity_targets(s)
+    assert targets[("phi-4", Phase.PREFILL)].capacity_tok_per_s == 0.0
+    assert targets[("phi-4", Phase.DECODE)].capacity_tok_per_s == 0.0
