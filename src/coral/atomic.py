@@ -30,32 +30,30 @@ def current_umask() -> int:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write `text` to `path` via a temporary file in the same folder, then rename.
+    """Write `text` (UTF-8) to `path` via a temporary file in the same folder, then rename.
 
     The file gets the mode `open()` would give it under the current umask."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~current_umask())
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` whole or not at all (as `write_text`)."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data)
 
 
 @contextlib.contextmanager
 def replacing(path: str | Path) -> Iterator[Path]:
     """Yield a temporary file name beside `path` for writers that want a file name (pyarrow,
-    numpy); on success it replaces `path` in one rename, on error it is removed."""
+    numpy); on success it replaces `path` in one rename, with the mode `open()` would give it
+    under the current umask; on error it is removed."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, p)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -85,16 +83,3 @@ def building_dir(out: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
-
-def write_bytes(path: str | Path, data: bytes) -> None:
-    """Write `data` to `path` whole or not at all (as `write_text`)."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

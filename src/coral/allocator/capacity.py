@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,6 +92,20 @@ def _quantile(x: np.ndarray, q: float) -> float:
     return float(np.quantile(x, q)) if x.size else 0.0
 
 
+def _reachable(unqueued: np.ndarray, slo_s: float, attainment: float, strict: bool,
+               why: Callable[[float], str]) -> float | None:
+    """The attainment to size for, given each request's latency with no queueing at all: the target
+    where that reaches it; otherwise (strict) a `CoralError` saying `why`, or (not strict) the share
+    that latency does reach, less half a point, and None when that is nothing."""
+    best = _quantile(unqueued, attainment)
+    if best <= slo_s:
+        return attainment
+    if strict:
+        raise CoralError(why(best))
+    reach = float(np.mean(unqueued <= slo_s)) - 0.005
+    return reach if reach > 0 else None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapacityTarget:
     """The capacity a (model, phase) is planned with and why."""
@@ -146,15 +161,13 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
     if p.size == 0:
         return CapacityTarget(capacity_tok_per_s=0.0, mean_tok_per_s=0.0, predicted_attainment=1.0, quantile_latency_s=0.0)
     lat = budget_s * p / prompt_q
-    best = _quantile(lat, attainment)
-    if best > ttft_s and not strict:
-        attainment = float(np.mean(lat <= ttft_s)) - 0.005
-        if attainment <= 0:  # nothing is reachable: capacity would buy nothing
-            return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
-                                  quantile_latency_s=best)
-    elif best > ttft_s:
-        raise CoralError(f"model {model}: the p{attainment * 100:g} TTFT is {best:.3g} s with no queueing at all, above "
-                         f"the {ttft_s:g} s SLO; lower slo_attainment, relax ttft_ms or raise planner.ttft_headroom")
+    reach = _reachable(lat, ttft_s, attainment, strict, lambda best: (
+        f"model {model}: the p{attainment * 100:g} TTFT is {best:.3g} s with no queueing at all, above the "
+        f"{ttft_s:g} s SLO; lower slo_attainment, relax ttft_ms or raise planner.ttft_headroom"))
+    if reach is None:  # nothing is reachable: capacity would buy nothing
+        return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
+                              quantile_latency_s=_quantile(lat, attainment))
+    attainment = reach
 
     if instance_tok_per_s is not None and instance_tok_per_s > 0:
         r = float(instance_tok_per_s)
@@ -221,16 +234,14 @@ def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tok
         return np.where(multi, (kv + w) / steps + cadence_s, 0.0)
 
     floor = tpot(len(d) + 1)
-    best = _quantile(floor, attainment)
-    if best > tpot_s and not strict:
-        attainment = float(np.mean(floor <= tpot_s)) - 0.005
-        if attainment <= 0:  # nothing is reachable: capacity would buy nothing
-            return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
-                                  quantile_latency_s=best)
-    elif best > tpot_s:
-        raise CoralError(f"model {model}: the p{attainment * 100:g} TPOT is {best * 1e3:.3g} ms with no queueing "
-                         f"(step {cadence_s * 1e3:.3g} ms plus the KV transfer), above the {tpot_s * 1e3:g} ms SLO; "
-                         "lower slo_attainment, relax tpot_ms, or offer nodes with faster NICs")
+    reach = _reachable(floor, tpot_s, attainment, strict, lambda best: (
+        f"model {model}: the p{attainment * 100:g} TPOT is {best * 1e3:.3g} ms with no queueing (step "
+        f"{cadence_s * 1e3:.3g} ms plus the KV transfer), above the {tpot_s * 1e3:g} ms SLO; lower slo_attainment, "
+        "relax tpot_ms, or offer nodes with faster NICs"))
+    if reach is None:  # nothing is reachable: capacity would buy nothing
+        return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
+                              quantile_latency_s=_quantile(floor, attainment))
+    attainment = reach
     lo = max(1, int(mean * cadence_s))
     hi = max(lo + 1, len(d) + 1)
     while hi - lo > 1:  # smallest slot count that attains (monotone)
