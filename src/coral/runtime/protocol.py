@@ -39,6 +39,8 @@ __all__ = [
     "Release",
     "Shutdown",
     "Submit",
+    "TOKEN_ERROR",
+    "TOKEN_NO_KV",
     "TensorBlob",
     "TokenItem",
     "TokenOut",
@@ -49,6 +51,12 @@ __all__ = [
 #: Messages larger than this are rejected by every transport (a KV push of a long prompt
 #: of a large model is the biggest legitimate message; raise it for such deployments).
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+#: :attr:`TokenItem.token` when the request failed on an engine (the result's ``error`` says why).
+TOKEN_ERROR = -1
+#: :attr:`TokenItem.token` when an engine had no KV blocks left for the request: not a
+#: failure, the scheduler puts it back in its queue (it is recomputed later).
+TOKEN_NO_KV = -2
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32")
 
@@ -147,7 +155,7 @@ class BatchItem:
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenItem:
-    """One sampled token for one request, from the last stage."""
+    """One sampled token for one request, from the last stage (or :data:`TOKEN_ERROR` / :data:`TOKEN_NO_KV` from any stage)."""
 
     request_id: str
     token: int
@@ -187,16 +195,24 @@ class EngineHello:
     address: str
     layer_start: int
     layer_end: int
+    #: the node's KV pool (blocks of ``kv_block_size`` tokens); 0 = unbounded (no-op engines)
+    kv_blocks: int = 0
+    kv_block_size: int = 0
 
 
 @_message
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ForwardBatch:
-    """Scheduler or previous stage -> engine: run these items through your layers."""
+    """Scheduler or previous stage -> engine: run these items through your layers.
+
+    Between stages the items' hidden states travel packed in ``hidden``
+    (``[sum of the items' token counts, hidden size]``, items in order) rather than per item.
+    """
 
     batch_id: int
     reply_to: str  # the scheduler, which gets the sampled tokens from the last stage
     items: tuple[BatchItem, ...]
+    hidden: TensorBlob | None = None
 
 
 @_message
@@ -225,6 +241,7 @@ class KvSend:
     request_id: str
     targets: tuple[KvTarget, ...]
     notify: str  # the decode scheduler, told by each receiving node what it loaded
+    kv_id: str = ""  # the KV's key on the prefill node ("" = request_id; differs after a recompute)
 
 
 @_message
@@ -277,6 +294,7 @@ class DecodeAdmit:
     submit: Submit
     generated: tuple[int, ...]
     sources: tuple[KvSource, ...]
+    kv_id: str = ""  # the KV's key on the sources ("" = the request id)
 
 
 @_message

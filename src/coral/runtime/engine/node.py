@@ -1,10 +1,16 @@
 """The engine node: one process holding one layer range of one instance, serving micro-batches.
 
 An engine receives :class:`ForwardBatch` messages (from the scheduler on the first stage,
-from the previous stage's node otherwise), runs every item through its layers with that
-request's own KV cache, and streams the hidden states to each item's next-stage node,
-or, on the last stage, samples the next token and sends it to the scheduler. It also
-pushes and receives KV caches for prefill/decode hand-off, re-sliced by layer range.
+from the previous stage's node otherwise) and runs the whole micro-batch through its layers
+in one forward pass over its paged KV cache (:mod:`coral.runtime.engine.kv_cache`): prefill
+rows (a prompt) and decode rows (one token) mixed. It streams the packed hidden states to
+the items' next-stage nodes, or, on the last stage, picks every row's next token
+(:func:`coral.runtime.model.select_tokens`) and sends them to the scheduler. It also pushes
+and receives KV caches for prefill/decode hand-off, re-sliced by layer range.
+
+A row that cannot run (a token outside the vocabulary, a position that does not follow its
+cache) fails alone; a row whose blocks do not fit is answered :data:`TOKEN_NO_KV` and the
+scheduler queues it again; the others run.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from collections import defaultdict
 from typing import Any
 
 from coral.runtime.protocol import (
+    TOKEN_ERROR,
+    TOKEN_NO_KV,
     BatchItem,
     EngineHello,
     ForwardBatch,
@@ -65,6 +73,9 @@ class EngineNode:
         scheduler: str,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 0.0,
+        kv_cache_gib: float = 0.0,
+        kv_block_size: int = 0,
+        max_batch_requests: int = 64,
     ) -> None:
         """Args:
         transport: this node's inbox.
@@ -76,6 +87,9 @@ class EngineNode:
         heartbeat_s: how often to tell the scheduler the node is alive.
         heartbeat_timeout_s: exit when the scheduler has been silent this long (0 = never);
             a node without its scheduler is useless and would otherwise hold its memory.
+        kv_cache_gib: the node's KV budget (0 = from the device's memory, see kv_cache).
+        kv_block_size: tokens per KV block (0 = default).
+        max_batch_requests: the scheduler's batch limit (sizes the KV pool on CPU).
         """
         self.t = transport
         self.shard = shard
@@ -90,7 +104,11 @@ class EngineNode:
         else:
             self.layer_start, self.layer_end = shard.spec.layer_start, shard.spec.layer_end
             self.is_first, self.is_last = shard.spec.is_first, shard.spec.is_last
-        self.caches: dict[str, Any] = {}
+        self.kv: Any = None
+        if not self.noop:
+            ctx = int(shard.spec.config.get("max_position_embeddings", 2048))
+            self.kv = shard.new_kv_cache(max_tokens_wanted=max_batch_requests * ctx, kv_cache_gib=kv_cache_gib, block_size=kv_block_size)
+            self.vocab = int(shard.spec.config.get("vocab_size", 0))
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
         self.heartbeat_s = heartbeat_s
@@ -102,18 +120,24 @@ class EngineNode:
         now = time.monotonic()
         if now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
-            self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=len(self.caches)))
+            self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=self.held_sequences()))
         if self.heartbeat_timeout_s and now - self._scheduler_seen > self.heartbeat_timeout_s:
             log.warning("engine %s/%d/%d: scheduler silent for %.1f s; exiting", self.instance_id, self.stage, self.node_index, now - self._scheduler_seen)
             self.stop_event.set()
 
+    def held_sequences(self) -> int:
+        """Requests whose KV this node holds."""
+        return 0 if self.kv is None else len(self.kv.pool.tables)
+
     def hello(self) -> None:
-        """Tell the scheduler this node is ready."""
+        """Tell the scheduler this node is ready, and how many KV blocks it has."""
+        blocks, bs = (0, 0) if self.kv is None else (self.kv.pool.num_blocks, self.kv.block_size)
         self.t.send(
             self.scheduler,
             EngineHello(
                 instance_id=self.instance_id, stage=self.stage, node_index=self.node_index,
                 address=self.t.address, layer_start=self.layer_start, layer_end=self.layer_end,
+                kv_blocks=blocks, kv_block_size=bs,
             ),
         )  # fmt: skip
 
@@ -140,8 +164,9 @@ class EngineNode:
         if isinstance(msg, ForwardBatch):
             self._forward(msg)
         elif isinstance(msg, Release):
-            for rid in msg.request_ids:
-                self.caches.pop(rid, None)
+            if self.kv is not None:
+                for rid in msg.request_ids:
+                    self.kv.free(rid)
         elif isinstance(msg, KvSend):
             self._kv_send(msg)
         elif isinstance(msg, KvPush):
@@ -156,56 +181,137 @@ class EngineNode:
 
     # ------------------------------------------------------------------ forward
 
-    def _run_item(self, item: BatchItem) -> Any:
-        if self.noop:
-            if self.is_last:
-                return None
-            return item.hidden
-        cache = self.caches.get(item.request_id)
-        if cache is None:
-            if item.position != 0:
-                raise ValueError(f"no KV cache for request {item.request_id} at position {item.position}")
-            cache = self.shard.new_cache()
-            self.caches[item.request_id] = cache
-        hidden = None if item.hidden is None else item.hidden.to_torch()
-        return self.shard.forward(cache, item.position, item.token_ids if self.is_first else None, hidden)
-
     def _forward(self, msg: ForwardBatch) -> None:
-        from coral.runtime.model import sample
-
-        done: list[TokenItem] = []
-        onward: dict[str, list[BatchItem]] = defaultdict(list)
-        errors: list[str] = []
         self.items_served += len(msg.items)
+        if self.noop:
+            self._forward_noop(msg)
+        else:
+            self._forward_batch(msg)
+
+    def _forward_noop(self, msg: ForwardBatch) -> None:
+        """No maths: a deterministic token per item (the runtime's own overhead)."""
+        if self.is_last:
+            done = tuple(TokenItem(request_id=i.request_id, token=3 + (i.position + i.step) % 250) for i in msg.items)
+            self.t.send(msg.reply_to, ForwardResult(batch_id=msg.batch_id, items=done))
+            return
+        onward: dict[str, list[BatchItem]] = defaultdict(list)
         for item in msg.items:
-            try:
-                out = self._run_item(item)
-                if self.is_last:
-                    tok = 3 + (item.position + item.step) % 250 if self.noop else sample(out, item.temperature, item.seed, item.step)
-                    done.append(TokenItem(request_id=item.request_id, token=tok))
-                else:
-                    blob = out if self.noop else TensorBlob.from_torch(out)
-                    if blob is None:
-                        blob = TensorBlob(dtype="float32", shape=(0,), data=b"")
-                    nxt = BatchItem(
-                        request_id=item.request_id, position=item.position, token_ids=item.token_ids,
-                        hidden=blob, route=item.route, temperature=item.temperature, seed=item.seed, step=item.step,
-                    )  # fmt: skip
-                    onward[item.route[self.stage + 1]].append(nxt)
-            except Exception as e:  # report per request, keep serving the others
-                log.exception("engine: request %s failed", item.request_id)
-                self.caches.pop(item.request_id, None)
-                errors.append(f"{item.request_id}: {e}")
-                done.append(TokenItem(request_id=item.request_id, token=-1))
+            onward[item.route[self.stage + 1]].append(item)
         for addr, items in onward.items():
             self.t.send(addr, ForwardBatch(batch_id=msg.batch_id, reply_to=msg.reply_to, items=tuple(items)))
+
+    def _inputs(self, msg: ForwardBatch) -> Any:
+        """The batch's packed hidden states (later stages), from the batch or from its items."""
+        import torch
+
+        if self.is_first:
+            return None
+        dev = self.shard.spec.device
+        if msg.hidden is not None:
+            return msg.hidden.to_torch(dev)
+        parts = [i.hidden.to_torch(dev).reshape(-1, i.hidden.shape[-1]) for i in msg.items if i.hidden is not None]
+        if len(parts) != len(msg.items):
+            raise ValueError("a later stage needs hidden states for every item")
+        return torch.cat(parts)
+
+    def _forward_batch(self, msg: ForwardBatch) -> None:
+        """Run the micro-batch in one pass; rows that cannot run are answered alone."""
+        import torch
+
+        from coral.runtime.engine.kv_cache import KvCacheFull
+        from coral.runtime.model import select_tokens
+
+        done: list[TokenItem] = []
+        errors: list[str] = []
+
+        def refuse(item: BatchItem, token: int, why: str) -> None:
+            if token == TOKEN_ERROR:
+                log.warning("engine: request %s failed: %s", item.request_id, why)
+                errors.append(f"{item.request_id}: {why}")
+            self.kv.free(item.request_id)
+            done.append(TokenItem(request_id=item.request_id, token=token))
+
+        kv = self.kv
+        keep: list[int] = []
+        free = kv.pool.num_free
+        for k, item in enumerate(msg.items):
+            n = len(item.token_ids)
+            if n == 0:
+                refuse(item, TOKEN_ERROR, "no tokens to run")
+                continue
+            if self.is_first and not all(0 <= t < self.vocab for t in item.token_ids):
+                refuse(item, TOKEN_ERROR, f"token id outside the vocabulary [0, {self.vocab})")
+                continue
+            held = kv.length(item.request_id)
+            if item.position == 0 and held:
+                kv.free(item.request_id)  # a restart (preempted and recomputed): the old KV is stale
+                held = 0
+            if held != item.position:
+                refuse(item, TOKEN_ERROR, f"no KV cache for position {item.position} (node holds {held} tokens)")
+                continue
+            need = kv.pool.extra_blocks(item.request_id, item.position + n)
+            if need > free:
+                refuse(item, TOKEN_NO_KV, "")
+                continue
+            free -= need
+            keep.append(k)
+        items = [msg.items[k] for k in keep]
+        try:
+            hidden = self._inputs(msg)
+            if items:
+                if hidden is not None and len(keep) < len(msg.items):
+                    lens = [len(i.token_ids) for i in msg.items]
+                    starts = [sum(lens[:k]) for k in range(len(lens))]
+                    idx = torch.tensor([starts[k] + j for k in keep for j in range(lens[k])], device=hidden.device)
+                    hidden = hidden.index_select(0, idx)
+                meta = kv.prepare([(i.request_id, i.position, len(i.token_ids)) for i in items])
+                ids = torch.tensor([t for i in items for t in i.token_ids], dtype=torch.long) if self.is_first else None
+                out = self.shard.forward_batch(meta, ids, hidden)
+                if self.is_last:
+                    toks = select_tokens(out, [i.temperature for i in items], [i.seed for i in items], [i.step for i in items])
+                    done += [TokenItem(request_id=i.request_id, token=t) for i, t in zip(items, toks, strict=True)]
+                else:
+                    self._send_onward(msg, items, out)
+        except KvCacheFull:  # cannot happen after the check above; kept so a bug queues rather than fails
+            for i in items:
+                refuse(i, TOKEN_NO_KV, "")
+        except Exception as e:  # the whole pass failed: every row of it fails, the node keeps serving
+            log.exception("engine %s/%d/%d: batch %d failed", self.instance_id, self.stage, self.node_index, msg.batch_id)
+            for i in items:
+                refuse(i, TOKEN_ERROR, str(e) or type(e).__name__)
         if done:
             self.t.send(msg.reply_to, ForwardResult(batch_id=msg.batch_id, items=tuple(done), error="; ".join(errors)))
+
+    def _send_onward(self, msg: ForwardBatch, items: list[BatchItem], out: Any) -> None:
+        """Send the packed hidden states to each item's next-stage node (one message per node)."""
+        import torch
+
+        nxt = self.stage + 1
+        onward = [
+            BatchItem(
+                request_id=i.request_id, position=i.position, token_ids=i.token_ids, hidden=None, route=i.route,
+                temperature=i.temperature, seed=i.seed, step=i.step,
+            )
+            for i in items
+        ]  # fmt: skip
+        addrs = {i.route[nxt] for i in items}
+        if len(addrs) == 1:
+            self.t.send(addrs.pop(), ForwardBatch(batch_id=msg.batch_id, reply_to=msg.reply_to, items=tuple(onward), hidden=TensorBlob.from_torch(out)))
+            return
+        lens = [len(i.token_ids) for i in items]
+        starts = [sum(lens[:k]) for k in range(len(lens))]
+        for addr in sorted(addrs):
+            ks = [k for k, i in enumerate(items) if i.route[nxt] == addr]
+            idx = torch.tensor([starts[k] + j for k in ks for j in range(lens[k])], device=out.device)
+            blob = TensorBlob.from_torch(out.index_select(0, idx))
+            self.t.send(addr, ForwardBatch(batch_id=msg.batch_id, reply_to=msg.reply_to, items=tuple(onward[k] for k in ks), hidden=blob))
 
     # ------------------------------------------------------------------ KV hand-off
 
     def _kv_send(self, msg: KvSend) -> None:
-        cache = self.caches.pop(msg.request_id, None)
+        kv = self.kv
+        key = msg.kv_id or msg.request_id
+        held = None if kv is None else kv.length(key)
         for tgt in msg.targets:
             lo, hi = max(tgt.layer_start, self.layer_start), min(tgt.layer_end, self.layer_end)
             if lo >= hi:
@@ -213,18 +319,23 @@ class EngineNode:
             if self.noop:
                 empty = tuple(TensorBlob(dtype="float32", shape=(0,), data=b"") for _ in range(lo, hi))
                 push = KvPush(request_id=msg.request_id, layer_start=lo, seq_len=0, keys=empty, values=empty, notify=msg.notify)
-            elif cache is None:
+            elif not held:
                 self.t.send(msg.notify, KvLoaded(request_id=msg.request_id, layer_start=lo, layer_end=hi, error="prefill node has no KV for this request"))
                 continue
             else:
-                layers = [cache.layers[g - self.layer_start] for g in range(lo, hi)]
+                import torch
+
+                with torch.inference_mode():
+                    layers = [kv.export(key, g - self.layer_start) for g in range(lo, hi)]
                 push = KvPush(
-                    request_id=msg.request_id, layer_start=lo, seq_len=cache.get_seq_length(),
-                    keys=tuple(TensorBlob.from_torch(layer.keys) for layer in layers),
-                    values=tuple(TensorBlob.from_torch(layer.values) for layer in layers),
+                    request_id=msg.request_id, layer_start=lo, seq_len=int(held or 0),
+                    keys=tuple(TensorBlob.from_torch(k) for k, _ in layers),
+                    values=tuple(TensorBlob.from_torch(v) for _, v in layers),
                     notify=msg.notify,
                 )  # fmt: skip
             self.t.send(tgt.address, push)
+        if kv is not None:
+            kv.free(key)
 
     def _kv_push(self, msg: KvPush) -> None:
         n = len(msg.keys)
@@ -232,21 +343,21 @@ class EngineNode:
         error = ""
         try:
             if not self.noop:
+                import torch
+
                 if len(msg.values) != n or msg.layer_start < self.layer_start or hi > self.layer_end:
                     raise ValueError(f"KV for layers [{msg.layer_start}, {hi}) does not fit node layers [{self.layer_start}, {self.layer_end})")
-                cache = self.caches.get(msg.request_id)
-                if cache is None:
-                    cache = self.shard.new_cache()
-                    self.caches[msg.request_id] = cache
-                dev = self.shard.spec.device
-                for j in range(n):
-                    local = msg.layer_start - self.layer_start + j
-                    cache.update(msg.keys[j].to_torch(dev), msg.values[j].to_torch(dev), local)
-                    layer = cache.layers[local]
-                    if hasattr(layer, "cumulative_length") and isinstance(layer.cumulative_length, int):
-                        layer.cumulative_length = msg.seq_len  # a sliding layer kept only its window
+                if msg.seq_len < 1:
+                    raise ValueError("a KV push needs seq_len >= 1")
+                kv = self.kv
+                kv.reserve(msg.request_id, msg.seq_len)
+                with torch.inference_mode():
+                    for j in range(n):
+                        k, v = msg.keys[j].to_torch(), msg.values[j].to_torch()
+                        if k.dim() != 4 or k.shape[2] != msg.seq_len or tuple(k.shape) != tuple(v.shape):
+                            raise ValueError(f"KV of layer {msg.layer_start + j} has shape {tuple(k.shape)}, expected [1, heads, {msg.seq_len}, dim]")
+                        kv.load(msg.request_id, msg.layer_start - self.layer_start + j, k, v)
         except Exception as e:
             log.exception("engine: bad KV push for %s", msg.request_id)
             error = str(e) or type(e).__name__
         self.t.send(msg.notify, KvLoaded(request_id=msg.request_id, layer_start=msg.layer_start, layer_end=hi, error=error))
-
