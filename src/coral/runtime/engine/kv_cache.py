@@ -180,6 +180,21 @@ class BatchMeta:
     mask: Any  # [rows, 1, q_max, kv_max] bool, True = attend
     sliding_masks: dict[int, Any]  # window -> mask, for sliding-attention layers
     cache: PagedKvCache | None = None
+    biases: dict[Any, Any] | None = None  # (window, dtype) -> additive float mask, built once per step
+
+    def bias(self, window: int | None, dtype: Any) -> Any:
+        """The mask as an additive 0 / -inf tensor (sdpa would convert a bool mask in every layer)."""
+        import torch
+
+        if self.biases is None:
+            self.biases = {}
+        key = (window, dtype)
+        b = self.biases.get(key)
+        if b is None:
+            m = self.mask if not window else self.sliding_mask(window)
+            b = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+            self.biases[key] = b
+        return b
 
     def sliding_mask(self, window: int) -> Any:
         """The mask of a sliding layer with ``window`` (built on first use)."""
@@ -235,7 +250,7 @@ def paged_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     meta: BatchMeta = attention_mask
     heads, _t, dim = query.shape[1:]
     q = query[0].index_select(1, meta.q_index).view(heads, meta.rows, meta.q_max, dim).transpose(0, 1)
-    mask = meta.mask if not sliding_window else meta.sliding_mask(int(sliding_window))
+    mask = meta.bias(int(sliding_window) if sliding_window else None, q.dtype)
     out = torch.nn.functional.scaled_dot_product_attention(
         q, key.to(q.dtype), value.to(q.dtype), attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != heads
     )  # [rows, heads, q_max, dim]
