@@ -41,6 +41,8 @@ class ModelSpec:
     seed: int | None
     weights_path: str | None
     max_context: int
+    tokenizer_path: str | None = None  # tokenizer.json or its folder; None = byte tokenizer
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if (self.seed is None) == (self.weights_path is None):
@@ -140,6 +142,8 @@ class ModelFile(_Strict):
     hf_config: dict[str, Any] | None = Field(None, description="An HF-style config dict with model_type.")
     weights: WeightsFile = Field(default_factory=lambda: WeightsFile(seed=0, path=None), description="Weights of every instance of the model.")
     max_context: int | None = Field(None, ge=2, description="Longest prompt + completion; default max_position_embeddings.")
+    tokenizer: str | None = Field(None, description="A local tokenizer.json (Hugging Face tokenizers) or its folder; default: byte tokenizer.")
+    chat_template: str | None = Field(None, description="Jinja chat template; default the tokenizer_config.json beside the tokenizer, else <|role|> lines.")
 
 
 class StageFile(_Strict):
@@ -269,7 +273,11 @@ def _models(files: list[ModelFile]) -> list[ModelSpec]:
         seed, path = _weights(m.weights, f"model {m.name}")
         cfg = model_config_dict(m.builtin, m.hf_config, path)
         ctx = m.max_context or int(cfg.get("max_position_embeddings", 2048))
-        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx))
+        if m.tokenizer is not None or m.chat_template is not None:
+            from coral.runtime.engine.tokenizer import load_tokenizer
+
+            load_tokenizer(m.tokenizer, m.chat_template, int(cfg.get("vocab_size", 0)), m.name)  # fail at load, not per request
+        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer, chat_template=m.chat_template))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise CoralError("duplicate model names")

@@ -14,7 +14,6 @@ also carries the generated ``token_ids`` (an extension, like vLLM's).
 
 from __future__ import annotations
 
-import codecs
 import hmac
 import json
 import logging
@@ -140,6 +139,12 @@ class _Handler(BaseHTTPRequestHandler):
         type_ = {401: "authentication_error", 404: "invalid_request_error"}.get(e.status, "invalid_request_error" if e.status < 500 else "server_error")
         self._send_json(e.status, error_body(e.message, type_, e.param, e.code))
 
+    def _tokenizer(self, model: str) -> Any:
+        """The model's tokenizer (:mod:`coral.runtime.engine.tokenizer`), bytes by default."""
+        from coral.runtime.engine.tokenizer import ByteTokenizer as _Bytes
+
+        return self.server.tokenizers.get(model) or _Bytes()
+
     def _authorized(self, admin: bool = False) -> bool:
         key = (self.server.admin_key or self.server.api_key) if admin else self.server.api_key
         if not key:
@@ -254,10 +259,11 @@ class _Handler(BaseHTTPRequestHandler):
                 loc = ".".join(str(x) for x in err["loc"])
                 field_ = str(err["loc"][0]) if err["loc"] else None
                 raise RequestError(400, f"invalid field {field_!r} ({loc}): {err['msg']}", field_) from None
+            tok = self._tokenizer(req.model)
             if isinstance(req, ChatRequest):
-                prompt = ByteTokenizer.encode(ByteTokenizer.chat_prompt(req.messages))
+                prompt = tok.encode_chat(req.messages)
             elif isinstance(req.prompt, str):
-                prompt = ByteTokenizer.encode(req.prompt)
+                prompt = tok.encode(req.prompt)
             else:
                 prompt = list(req.prompt)
             h = self.server.coordinator.submit(req.model, prompt, req.max_tokens, req.temperature, req.seed, req.ignore_eos)
@@ -282,7 +288,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(e)
             return
         coord.close(h, "ok")
-        text = ByteTokenizer.decode(ids)
+        text = self._tokenizer(req.model).decode(ids)
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason, "token_ids": ids}
         else:
@@ -307,7 +313,7 @@ class _Handler(BaseHTTPRequestHandler):
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": int(time.time()), "model": req.model,
         }  # fmt: skip
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        dec = self._tokenizer(req.model).stream()
 
         def event(obj: dict[str, Any]) -> None:
             self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
@@ -319,7 +325,7 @@ class _Handler(BaseHTTPRequestHandler):
             if chat:
                 event({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
             for msg in coord.tokens(h, self.server.token_timeout_s):
-                piece = dec.decode(bytes(t % 256 for t in msg.tokens), final=msg.finished)
+                piece = dec.step(msg.tokens, msg.finished)
                 n += len(msg.tokens)
                 reason = msg.finish_reason or None
                 if chat:
@@ -352,6 +358,7 @@ class _Server(ThreadingHTTPServer):
     max_body_bytes: int
     token_timeout_s: float
     created: int
+    tokenizers: dict[str, Any]
 
 
 class ApiServer:
@@ -368,6 +375,7 @@ class ApiServer:
         admin: Any = None,
         admin_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        tokenizers: dict[str, Any] | None = None,
     ) -> None:
         """Args:
         coordinator: the request router.
@@ -377,6 +385,7 @@ class ApiServer:
         admin: the plan controller behind ``/admin/*`` (a :class:`coral.runtime.lifecycle.Controller`).
         admin_key: bearer key of ``/admin/*`` (default ``api_key``).
         max_body_bytes: larger request bodies get 413.
+        tokenizers: model name -> tokenizer (:mod:`coral.runtime.engine.tokenizer`); default bytes.
         """
         self.httpd = _Server((host, port), _Handler)
         self.httpd.coordinator = coordinator
@@ -384,6 +393,7 @@ class ApiServer:
         self.httpd.admin_key = admin_key
         self.httpd.admin = admin
         self.httpd.max_body_bytes = max_body_bytes
+        self.httpd.tokenizers = tokenizers or {}
         self.httpd.token_timeout_s = token_timeout_s
         self.httpd.created = int(time.time())
         self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])

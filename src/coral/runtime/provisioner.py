@@ -305,6 +305,11 @@ class Deployment:
             raise CoralError("deployment not started")
         return self.api.url
 
+    def _tokenizers(self) -> dict[str, Any]:
+        from coral.runtime.engine.tokenizer import load_tokenizer
+
+        return {m.name: load_tokenizer(m.tokenizer_path, m.chat_template, int(m.config["vocab_size"]), m.name) for m in self.cluster.models}
+
     def _infos(self) -> list[ModelInfo]:
         infos = []
         for m in self.cluster.models:
@@ -372,7 +377,7 @@ class Deployment:
                     missing = sorted(want - set(self.coordinator.instances))  # type: ignore[union-attr]
                     raise CoralError(f"instances not up after {timeout_s:.0f} s: {', '.join(missing)}")
                 time.sleep(0.05)
-            self.api = ApiServer(coord, c.host, self.http_port, c.api_key, admin=self.controller, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes)
+            self.api = ApiServer(coord, c.host, self.http_port, c.api_key, admin=self.controller, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes, tokenizers=self._tokenizers())
             self.api.start()
             self.controller.start()
         except BaseException:
