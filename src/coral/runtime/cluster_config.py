@@ -61,12 +61,21 @@ class StageSpec:
     layer_start: int
     layer_end: int
     node_throughputs: tuple[float, ...]
+    tp: int = 1  # devices per node (tensor parallelism inside the node)
+    devices: tuple[str, ...] = ()  # first device of each node ("cuda:N"); () = assigned per host
 
     def __post_init__(self) -> None:
         if not 0 <= self.layer_start < self.layer_end:
             raise ValueError(f"empty or negative layer range [{self.layer_start}, {self.layer_end})")
         if not self.node_throughputs or any(not w > 0 for w in self.node_throughputs):
             raise ValueError("a stage needs at least one node, each with a positive throughput")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.devices and len(self.devices) != len(self.node_throughputs):
+            raise ValueError(f"devices lists {len(self.devices)} device(s) for {len(self.node_throughputs)} node(s); give one per node")
+        bad = [d for d in self.devices if not (d == "cpu" or (d.startswith("cuda:") and d[5:].isdigit()))]
+        if bad:
+            raise ValueError(f"device {bad[0]!r} is not cpu or cuda:N")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +160,8 @@ class StageFile(_Strict):
 
     layers: tuple[int, int] = Field(description="Half-open layer range [start, end).")
     nodes: int | list[float] = Field(1, description="Node count, or one relative throughput per node (WRR weights).")
+    tp: int = Field(1, ge=1, description="GPUs per node: the node's layers run tensor-parallel over them (torch.distributed; gloo on CPU).")
+    devices: list[str] | None = Field(None, description="First device of each node, e.g. [cuda:0, cuda:2]; default: assigned per host in order.")
 
 
 class InstanceFile(_Strict):
@@ -284,6 +295,16 @@ def _models(files: list[ModelFile]) -> list[ModelSpec]:
     return models
 
 
+def _check_tp(cfg: dict[str, Any], tp: int, where: str) -> None:
+    """Tensor parallelism splits heads, KV heads and the MLP width; dense MLPs only."""
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        raise CoralError(f"{where}: tp {tp} is not supported for mixture-of-experts models; use tp 1")
+    heads = int(cfg.get("num_attention_heads", 0))
+    for key, val in (("num_attention_heads", heads), ("num_key_value_heads", int(cfg.get("num_key_value_heads") or heads)), ("intermediate_size", int(cfg.get("intermediate_size", 0)))):
+        if val % tp:
+            raise CoralError(f"{where}: tp {tp} must divide the model's {key} ({val})")
+
+
 def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) -> list[InstanceSpec]:
     names = [m.name for m in models]
     by_name = {m.name: m for m in models}
@@ -294,7 +315,10 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
         seed, path = _weights(i.weights, f"instance {i.name}") if i.weights else (by_name[i.model].seed, by_name[i.model].weights_path)
         try:
             stages = tuple(
-                StageSpec(layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes))
+                StageSpec(
+                    layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes),
+                    tp=s.tp, devices=tuple(s.devices or ()),
+                )
                 for s in i.stages
             )
             spec = InstanceSpec(
@@ -304,6 +328,9 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
         except ValueError as e:
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None
         n = by_name[i.model].num_layers
+        for k, st in enumerate(spec.stages):
+            if st.tp > 1:
+                _check_tp(by_name[i.model].config, st.tp, f"{source}: instance {i.name!r} stage {k}")
         if spec.stages[-1].layer_end != n:
             raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
         instances.append(spec)

@@ -76,6 +76,7 @@ class EngineNode:
         kv_cache_gib: float = 0.0,
         kv_block_size: int = 0,
         max_batch_requests: int = 64,
+        tp: Any = None,
     ) -> None:
         """Args:
         transport: this node's inbox.
@@ -90,6 +91,8 @@ class EngineNode:
         kv_cache_gib: the node's KV budget (0 = from the device's memory, see kv_cache).
         kv_block_size: tokens per KV block (0 = default).
         max_batch_requests: the scheduler's batch limit (sizes the KV pool on CPU).
+        tp: this node's :class:`coral.runtime.engine.tp.TpGroup` when it is rank 0 of a
+            tensor-parallel node (``shard`` then holds rank 0's part of the layers).
         """
         self.t = transport
         self.shard = shard
@@ -105,10 +108,13 @@ class EngineNode:
             self.layer_start, self.layer_end = shard.spec.layer_start, shard.spec.layer_end
             self.is_first, self.is_last = shard.spec.is_first, shard.spec.is_last
         self.kv: Any = None
+        self.tp = tp
         if not self.noop:
             ctx = int(shard.spec.config.get("max_position_embeddings", 2048))
             self.kv = shard.new_kv_cache(max_tokens_wanted=max_batch_requests * ctx, kv_cache_gib=kv_cache_gib, block_size=kv_block_size)
             self.vocab = int(shard.spec.config.get("vocab_size", 0))
+            if tp is not None:
+                tp.send({"op": "init", "blocks": self.kv.pool.num_blocks, "block_size": self.kv.block_size})
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
         self.heartbeat_s = heartbeat_s
@@ -144,16 +150,27 @@ class EngineNode:
     def run(self, poll_s: float = 0.1) -> None:
         """Announce the node, then serve messages until :class:`Shutdown` or ``stop_event``."""
         self.hello()
-        while not self.stop_event.is_set():
-            msg = self.t.recv(min(poll_s, self.heartbeat_s))
-            self._beat()
-            if msg is None:
-                continue
-            try:
-                if not self.handle(msg):
-                    break
-            except Exception:  # one bad message must not kill the node
-                log.exception("engine %s/%d/%d: failed on %s", self.instance_id, self.stage, self.node_index, type(msg).__name__)
+        try:
+            while not self.stop_event.is_set():
+                msg = self.t.recv(min(poll_s, self.heartbeat_s))
+                self._beat()
+                if msg is None:
+                    continue
+                try:
+                    if not self.handle(msg):
+                        break
+                except Exception:  # one bad message must not kill the node
+                    log.exception("engine %s/%d/%d: failed on %s", self.instance_id, self.stage, self.node_index, type(msg).__name__)
+        finally:
+            if self.tp is not None:
+                self.tp.send({"op": "stop"})
+
+    def _free(self, ids: list[str]) -> None:
+        """Drop these sequences' KV (on every rank of a tensor-parallel node)."""
+        for rid in ids:
+            self.kv.free(rid)
+        if self.tp is not None:
+            self.tp.send({"op": "free", "ids": list(ids)})
 
     def handle(self, msg: Any) -> bool:
         """Handle one message.
@@ -165,8 +182,7 @@ class EngineNode:
             self._forward(msg)
         elif isinstance(msg, Release):
             if self.kv is not None:
-                for rid in msg.request_ids:
-                    self.kv.free(rid)
+                self._free(list(msg.request_ids))
         elif isinstance(msg, KvSend):
             self._kv_send(msg)
         elif isinstance(msg, KvPush):
@@ -228,7 +244,7 @@ class EngineNode:
             if token == TOKEN_ERROR:
                 log.warning("engine: request %s failed: %s", item.request_id, why)
                 errors.append(f"{item.request_id}: {why}")
-            self.kv.free(item.request_id)
+            self._free([item.request_id])
             done.append(TokenItem(request_id=item.request_id, token=token))
 
         kv = self.kv
@@ -244,7 +260,7 @@ class EngineNode:
                 continue
             held = kv.length(item.request_id)
             if item.position == 0 and held:
-                kv.free(item.request_id)  # a restart (preempted and recomputed): the old KV is stale
+                self._free([item.request_id])  # a restart (preempted and recomputed): the old KV is stale
                 held = 0
             if held != item.position:
                 refuse(item, TOKEN_ERROR, f"no KV cache for position {item.position} (node holds {held} tokens)")
@@ -264,8 +280,14 @@ class EngineNode:
                     starts = [sum(lens[:k]) for k in range(len(lens))]
                     idx = torch.tensor([starts[k] + j for k in keep for j in range(lens[k])], device=hidden.device)
                     hidden = hidden.index_select(0, idx)
-                meta = kv.prepare([(i.request_id, i.position, len(i.token_ids)) for i in items])
-                ids = torch.tensor([t for i in items for t in i.token_ids], dtype=torch.long) if self.is_first else None
+                rows = [(i.request_id, i.position, len(i.token_ids)) for i in items]
+                flat = [t for i in items for t in i.token_ids] if self.is_first else None
+                if self.tp is not None:
+                    from coral.runtime.engine.tp import forward_cmd
+
+                    self.tp.send(forward_cmd(rows, flat, hidden), *([] if hidden is None else [hidden]))
+                meta = kv.prepare(rows)
+                ids = torch.tensor(flat, dtype=torch.long) if flat is not None else None
                 out = self.shard.forward_batch(meta, ids, hidden)
                 if self.is_last:
                     toks = select_tokens(out, [i.temperature for i in items], [i.seed for i in items], [i.step for i in items])
@@ -326,7 +348,12 @@ class EngineNode:
                 import torch
 
                 with torch.inference_mode():
-                    layers = [kv.export(key, g - self.layer_start) for g in range(lo, hi)]
+                    local = [g - self.layer_start for g in range(lo, hi)]
+                    if self.tp is not None:
+                        self.tp.send({"op": "export", "seq": key, "layers": local})
+                        layers = [tuple(self.tp.gather_heads(x) for x in kv.export(key, j)) for j in local]
+                    else:
+                        layers = [kv.export(key, j) for j in local]
                 push = KvPush(
                     request_id=msg.request_id, layer_start=lo, seq_len=int(held or 0),
                     keys=tuple(TensorBlob.from_torch(k) for k, _ in layers),
@@ -335,7 +362,7 @@ class EngineNode:
                 )  # fmt: skip
             self.t.send(tgt.address, push)
         if kv is not None:
-            kv.free(key)
+            self._free([key])
 
     def _kv_push(self, msg: KvPush) -> None:
         n = len(msg.keys)
@@ -350,13 +377,22 @@ class EngineNode:
                 if msg.seq_len < 1:
                     raise ValueError("a KV push needs seq_len >= 1")
                 kv = self.kv
+                ks = [b.to_torch() for b in msg.keys]
+                vs = [b.to_torch() for b in msg.values]
+                for j, (k, v) in enumerate(zip(ks, vs, strict=True)):
+                    if k.dim() != 4 or k.shape[2] != msg.seq_len or tuple(k.shape) != tuple(v.shape):
+                        raise ValueError(f"KV of layer {msg.layer_start + j} has shape {tuple(k.shape)}, expected [1, heads, {msg.seq_len}, dim]")
                 kv.reserve(msg.request_id, msg.seq_len)
+                local = [msg.layer_start - self.layer_start + j for j in range(n)]
                 with torch.inference_mode():
-                    for j in range(n):
-                        k, v = msg.keys[j].to_torch(), msg.values[j].to_torch()
-                        if k.dim() != 4 or k.shape[2] != msg.seq_len or tuple(k.shape) != tuple(v.shape):
-                            raise ValueError(f"KV of layer {msg.layer_start + j} has shape {tuple(k.shape)}, expected [1, heads, {msg.seq_len}, dim]")
-                        kv.load(msg.request_id, msg.layer_start - self.layer_start + j, k, v)
+                    if self.tp is not None:
+                        cmd = {"op": "load", "seq": msg.request_id, "seq_len": msg.seq_len, "layers": local, "shape": list(ks[0].shape), "dtype": msg.keys[0].dtype}
+                        self.tp.send(cmd, *[x for kv_pair in zip(ks, vs, strict=True) for x in kv_pair])
+                        hk = kv.keys[0].shape[1]
+                        ks = [k[:, :hk] for k in ks]  # rank 0 keeps the first heads
+                        vs = [v[:, :hk] for v in vs]
+                    for j, k, v in zip(local, ks, vs, strict=True):
+                        kv.load(msg.request_id, j, k, v)
         except Exception as e:
             log.exception("engine: bad KV push for %s", msg.request_id)
             error = str(e) or type(e).__name__
