@@ -331,6 +331,99 @@ def bench_engine(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def bench_overload(quick: bool) -> list[dict[str, Any]]:
+    """Poisson load at 2x the served rate into a small KV pool: it queues, nothing fails for memory, RSS stays flat."""
+    import random
+    import threading
+
+    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.provisioner import Deployment
+
+    duration_s = 60.0 if quick else 600.0
+    prompt_len, tokens = 32, 32
+    kv_tokens = 2048  # per engine: 32 requests of prompt + output at once
+    kv_gib = kv_tokens * 2 * 3 * 2 * 16 * 4 / 2**30  # tiny-llama, 3 layers per stage
+    spec = parse_cluster({
+        "coordinator": {"port": 0}, "device": "cpu", "kv_cache_gib": kv_gib,
+        "models": [{"name": "small", "builtin": "tiny-llama", "weights": {"seed": 0}}],
+        "instances": [{"name": "i", "model": "small", "phase": "mixed", "stages": [{"layers": [0, 3]}, {"layers": [3, 6]}]}],
+    })  # fmt: skip
+    dep = Deployment(spec, http_port=0)
+    dep.start(timeout_s=300)
+    try:
+        served_tok_s = _tok_per_s(dep.url, 64, tokens, prompt_len)
+        rate = 2 * served_tok_s / tokens  # requests per second offered
+        host, port = dep.url.removeprefix("http://").split(":")
+        outcomes: list[str] = []
+        lock = threading.Lock()
+        slots = threading.BoundedSemaphore(512)  # the client's own connection limit
+
+        def one(i: int) -> None:
+            try:
+                conn = http.client.HTTPConnection(host, int(port), timeout=600)
+                body = {"model": "small", "prompt": [(7 * i + k) % 500 + 3 for k in range(prompt_len)], "max_tokens": tokens, "temperature": 0}
+                conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                data = json.loads(r.read())
+                conn.close()
+                what = "ok" if r.status == 200 else str(data.get("error", {}).get("message", r.status))
+            except Exception as e:  # the client's own failure: counted, not hidden
+                what = f"client: {type(e).__name__}"
+            finally:
+                slots.release()
+            with lock:
+                outcomes.append(what)
+
+        pids = {n: p for n, p in dep.provisioner.pids("i").items()}
+        rng = random.Random(0)
+        t0 = time.monotonic()
+        samples: list[tuple[float, dict[str, int]]] = []
+        threads_: list[threading.Thread] = []
+        nxt, i, last_sample = t0, 0, 0.0
+        while time.monotonic() - t0 < duration_s:
+            now = time.monotonic()
+            if now - last_sample >= 5.0:
+                samples.append((now - t0, {n: _rss_bytes(p) for n, p in pids.items()}))
+                last_sample = now
+            if now < nxt:
+                time.sleep(min(nxt - now, 0.05))
+                continue
+            slots.acquire()
+            th = threading.Thread(target=one, args=(i,), daemon=True)
+            th.start()
+            threads_.append(th)
+            i += 1
+            nxt += rng.expovariate(rate)
+        for th in threads_:
+            th.join(timeout=600)
+        samples.append((time.monotonic() - t0, {n: _rss_bytes(p) for n, p in pids.items()}))
+    finally:
+        dep.stop()
+    warm = [m for t, m in samples if t >= 0.2 * duration_s]
+    growth = max((max(m[n] for m in warm) - warm[0][n]) / max(warm[0][n], 1) for n in pids) if warm else float("nan")
+    failed = [o for o in outcomes if o != "ok"]
+    memory = [o for o in failed if "memory" in o.lower() or "kv" in o.lower()]
+    return [
+        {"bench": "overload: served rate (tiny-llama, 2 stages, 2048-token KV)", "value": served_tok_s / tokens, "unit": "req/s", "goal": ""},
+        {"bench": f"overload: offered 2x for {duration_s:.0f} s, requests sent", "value": float(len(outcomes)), "unit": "req", "goal": ""},
+        {"bench": "overload: requests failed (any reason)", "value": float(len(failed)), "unit": "req", "goal": "<= 0"},
+        {"bench": "overload: requests failed for lack of memory", "value": float(len(memory)), "unit": "req", "goal": "<= 0"},
+        {"bench": "overload: worst process RSS growth after warm-up", "value": 100 * growth, "unit": "%", "goal": "<= 10"},
+        {"bench": "overload: KV pool per engine (fixed at start)", "value": kv_gib * 2**30 / 2**20, "unit": "MiB", "goal": ""},
+    ]
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
     """All runtime benchmarks.
 
@@ -340,7 +433,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
     Returns:
         One dict per figure: bench, value, unit, goal.
     """
-    return bench_overhead(200 if quick else 1000) + bench_pipeline(quick) + bench_engine(quick)
+    return bench_overhead(200 if quick else 1000) + bench_pipeline(quick) + bench_engine(quick) + bench_overload(quick)
 
 
 def main() -> None:

@@ -123,6 +123,7 @@ class ClusterSpec:
     max_nodes: int = 64
     max_body_bytes: int = 8 * 1024 * 1024
     max_message_bytes: int = 256 * 1024 * 1024
+    kv_cache_gib: float = 0.0  # each engine node's KV budget; 0 = from its device's memory
 
     def model(self, name: str) -> ModelSpec:
         """The model of that name (validated to exist)."""
@@ -203,6 +204,7 @@ class ClusterFile(_Strict):
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda if present).")
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights and activations dtype.")
     torch_threads: int = Field(1, ge=1, description="PyTorch threads per engine process.")
+    kv_cache_gib: float = Field(0.0, ge=0, description="KV-cache budget of each engine node (GiB, split over its TP ranks); 0 = 0.9 x device memory - weights (CPU: sized for 64 sequences at full context).")
     models: list[ModelFile] = Field(min_length=1, description="Served models.")
     instances: list[InstanceFile] = Field(min_length=1, description="Serving instances.")
 
@@ -251,6 +253,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         admin_key=c.admin_key, curve_keys_dir=c.curve_keys_dir, heartbeat_s=c.heartbeat_s,
         heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, epoch_s=c.epoch_s,
         planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
+        kv_cache_gib=f.kv_cache_gib,
     )  # fmt: skip
 
 

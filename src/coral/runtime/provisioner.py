@@ -165,6 +165,7 @@ class LocalProvisioner(Provisioner):
         common = {
             "curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
             "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
+            "kv_cache_gib": cluster.kv_cache_gib,
         }  # fmt: skip
         sched_addr_port = _free_port(host)
         scheduler = f"tcp://{host}:{sched_addr_port}"
