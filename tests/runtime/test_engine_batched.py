@@ -193,3 +193,28 @@ def test_losing_the_only_node_of_a_stage_fails_the_instance(threads: list) -> No
         inst.stop()
     assert "stage 0 has no node left" in inst.scheduler.failed
     assert all(m[-1].retryable and "error" == m[-1].finish_reason for m in got.values())
+
+
+def test_a_long_forward_pass_does_not_look_like_a_dead_node(threads: list) -> None:
+    """Heartbeats go out from their own thread: a 1.5 s pass with a 0.5 s timeout fails nothing."""
+    import time
+
+    cfg = BUILTIN_CONFIGS["tiny-llama"]
+    hub = InprocHub()
+    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 6, 1)], heartbeat_timeout_s=0.5)
+    shard = inst.engines[0].shard
+    real = shard.forward_batch
+
+    def slow(*args: object) -> object:
+        time.sleep(1.5)
+        return real(*args)
+
+    shard.forward_batch = slow
+    client = InprocTransport(hub, "client")
+    try:
+        _submit_all(client, "M", PROMPTS[:2], 2)
+        got = collect(client, 2, timeout_s=30)
+    finally:
+        inst.stop()
+    assert "" == inst.scheduler.failed and set() == inst.scheduler.dead
+    assert reference(cfg, 3, PROMPTS[:2], 2) == [[t for m in got[f"r{i}"] for t in m.tokens] for i in range(2)]

@@ -39,6 +39,8 @@ class InprocInstance:
         self.scheduler.t.close()
         for e in self.engines:
             e.t.close()
+            if e.beat_transport is not None:
+                e.beat_transport.close()
 
 
 def start_inproc_instance(
@@ -91,7 +93,11 @@ def start_inproc_instance(
         else:
             shard = load_shard(ShardSpec(config=config, layer_start=sl.layer_start, layer_end=sl.layer_end, seed=seed))
         t = InprocTransport(hub, f"{name}/{sl.stage}/{sl.node_index}")
-        engines.append(EngineNode(t, shard, instance_id=name, stage=sl.stage, node_index=sl.node_index, scheduler=name, kv_cache_gib=kv_cache_gib, kv_block_size=kv_block_size))
+        beats = InprocTransport(hub, f"{name}/{sl.stage}/{sl.node_index}#beat")
+        engines.append(EngineNode(
+            t, shard, instance_id=name, stage=sl.stage, node_index=sl.node_index, scheduler=name,
+            kv_cache_gib=kv_cache_gib, kv_block_size=kv_block_size, beat_transport=beats,
+        ))  # fmt: skip
     inst = InprocInstance(sch, engines)
     actors: list[Any] = [sch, *engines]
     for obj in actors:

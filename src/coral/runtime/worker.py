@@ -103,17 +103,20 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
                 return
             spec = {**spec, "_tp": tp}
     t = _transport(spec)
+    beats = _transport(spec)  # heartbeats go out from a thread, on their own socket
     hb = float(spec.get("heartbeat_s", 0.25))
     node = EngineNode(
         t, shard, instance_id=spec["instance_id"], stage=spec["stage"], node_index=spec["node_index"], scheduler=spec["scheduler"],
         heartbeat_s=hb, heartbeat_timeout_s=2 * float(spec.get("heartbeat_timeout_s", 2.0)),
-        kv_cache_gib=float(spec.get("kv_cache_gib", 0.0)) / (spec["_tp"].world if "_tp" in spec else 1), tp=spec.get("_tp"),
+        kv_cache_gib=float(spec.get("kv_cache_gib", 0.0)) / (spec["_tp"].world if "_tp" in spec else 1), tp=spec.get("_tp"), beat_transport=beats,
     )  # fmt: skip
     _watch_parent(node.stop_event, parent)
     signal.signal(signal.SIGTERM, lambda *_: node.stop_event.set())
     try:
         node.run()
     finally:
+        node.stop_event.set()
+        beats.close()
         t.close()
 
 

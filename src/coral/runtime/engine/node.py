@@ -77,6 +77,7 @@ class EngineNode:
         kv_block_size: int = 0,
         max_batch_requests: int = 64,
         tp: Any = None,
+        beat_transport: Transport | None = None,
     ) -> None:
         """Args:
         transport: this node's inbox.
@@ -93,6 +94,9 @@ class EngineNode:
         max_batch_requests: the scheduler's batch limit (sizes the KV pool on CPU).
         tp: this node's :class:`coral.runtime.engine.tp.TpGroup` when it is rank 0 of a
             tensor-parallel node (``shard`` then holds rank 0's part of the layers).
+        beat_transport: a second outbox for heartbeats, sent from a thread so that a long
+            forward pass (a large prefill) does not make the node look dead; None = beat
+            from the message loop between messages.
         """
         self.t = transport
         self.shard = shard
@@ -121,13 +125,22 @@ class EngineNode:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_beat = 0.0
         self._scheduler_seen = time.monotonic()
+        self._scheduler_heard = False
+        self.beat_transport = beat_transport
+
+    def _beat_loop(self) -> None:
+        assert self.beat_transport is not None
+        while not self.stop_event.wait(self.heartbeat_s):
+            self.beat_transport.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=self.held_sequences()))
 
     def _beat(self) -> None:
         now = time.monotonic()
-        if now - self._last_beat >= self.heartbeat_s:
+        if self.beat_transport is None and now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
             self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=self.held_sequences()))
-        if self.heartbeat_timeout_s and now - self._scheduler_seen > self.heartbeat_timeout_s:
+        # before the scheduler's first word, allow for its start-up on a busy host
+        limit = self.heartbeat_timeout_s if self._scheduler_heard else max(30.0, self.heartbeat_timeout_s)
+        if self.heartbeat_timeout_s and now - self._scheduler_seen > limit:
             log.warning("engine %s/%d/%d: scheduler silent for %.1f s; exiting", self.instance_id, self.stage, self.node_index, now - self._scheduler_seen)
             self.stop_event.set()
 
@@ -150,6 +163,8 @@ class EngineNode:
     def run(self, poll_s: float = 0.1) -> None:
         """Announce the node, then serve messages until :class:`Shutdown` or ``stop_event``."""
         self.hello()
+        if self.beat_transport is not None:
+            threading.Thread(target=self._beat_loop, daemon=True, name="engine-heartbeat").start()
         try:
             while not self.stop_event.is_set():
                 msg = self.t.recv(min(poll_s, self.heartbeat_s))
@@ -189,6 +204,7 @@ class EngineNode:
             self._kv_push(msg)
         elif isinstance(msg, Heartbeat):
             self._scheduler_seen = time.monotonic()
+            self._scheduler_heard = True
         elif isinstance(msg, Shutdown):
             return False
         else:
