@@ -414,6 +414,10 @@ def bench_overload(quick: bool) -> list[dict[str, Any]]:
     growth = max((max(m[n] for m in warm) - warm[0][n]) / max(warm[0][n], 1) for n in pids) if warm else float("nan")
     failed = [o for o in outcomes if o != "ok"]
     memory = [o for o in failed if "memory" in o.lower() or "kv" in o.lower()]
+    if failed:
+        import collections
+
+        print("overload: failures by reason:", dict(collections.Counter(failed).most_common(5)), flush=True)
     return [
         {"bench": "overload: served rate (tiny-llama, 2 stages, 2048-token KV)", "value": served_tok_s / tokens, "unit": "req/s", "goal": ""},
         {"bench": f"overload: offered 2x for {duration_s:.0f} s, requests sent", "value": float(len(outcomes)), "unit": "req", "goal": ""},
