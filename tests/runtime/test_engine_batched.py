@@ -218,3 +218,34 @@ def test_a_long_forward_pass_does_not_look_like_a_dead_node(threads: list) -> No
         inst.stop()
     assert "" == inst.scheduler.failed and set() == inst.scheduler.dead
     assert reference(cfg, 3, PROMPTS[:2], 2) == [[t for m in got[f"r{i}"] for t in m.tokens] for i in range(2)]
+
+
+def test_cancelled_in_flight_requests_leave_no_kv_behind(threads: list) -> None:
+    """A Cancel can pass a later stage before the micro-batch does; the batch's result releases again."""
+    from coral.runtime.protocol import Cancel
+
+    cfg = BUILTIN_CONFIGS["tiny-llama"]
+    hub = InprocHub()
+    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 3, 1), (3, 6, 1)])
+    first = inst.engines[0].shard
+    real = first.forward_batch
+
+    def slow(*args: object) -> object:  # stage 0 is still computing when the Release reaches stage 1
+        import time
+
+        time.sleep(0.2)
+        return real(*args)
+
+    first.forward_batch = slow
+    client = InprocTransport(hub, "client")
+    try:
+        assert wait_until(lambda: inst.scheduler.ready, 10)
+        for k in range(3):  # each cancelled while its prefill runs on stage 0
+            client.send("M", Submit(request_id=f"c{k}", prompt=(5 + k,) * 40, max_tokens=50, temperature=0.0, seed=0, eos_ids=(), reply_to="client"))
+            assert wait_until(lambda k=k: inst.engines[0].items_served > k, 10)  # dispatched: stage 0 is on it
+            client.send("M", Cancel(request_ids=(f"c{k}",)))
+            assert wait_until(lambda: not inst.scheduler.reqs, 10)
+        assert wait_until(lambda: all(0 == e.held_sequences() for e in inst.engines), 10)
+        assert all(e.kv.pool.num_free == e.kv.pool.num_blocks for e in inst.engines)
+    finally:
+        inst.stop()

@@ -171,6 +171,9 @@ class Scheduler:
         self.admit_queue: deque[DecodeAdmit] = deque()  # decode hand-offs waiting for KV space
         self._admissions = itertools.count(1)
         self.preempted = 0  # requests preempted by recompute (for tests and metrics)
+        # KV ids dropped while a micro-batch still carried them -> their route: a later stage may
+        # have allocated blocks after our Release passed it, so the batch's result releases again
+        self.stale: dict[str, tuple[str, ...]] = {}
 
     # --------------------------------------------------------------- loop
 
@@ -352,9 +355,14 @@ class Scheduler:
         caps = [p.capacity_tokens for p in self.ledgers.values()]
         return min(caps) if caps else 0
 
+    def _mark_stale(self, r: _Req) -> None:
+        if r.route and any(r.kv_id in out for _g, out in self.in_flight.values()):
+            self.stale[r.kv_id] = r.route
+
     def _preempt(self, r: _Req) -> None:
         """Release ``r``'s KV and queue it at the front, to be prefilled again (recompute)."""
         rid = r.submit.request_id
+        self._mark_stale(r)
         for a in set(r.route) - self.dead_addrs:
             self.t.send(a, Release(request_ids=(r.kv_id,)))
         self._unledger(r)
@@ -538,6 +546,11 @@ class Scheduler:
         self.busy[g] = True
 
     def _on_result(self, msg: ForwardResult) -> None:
+        for it in msg.items:
+            route = self.stale.pop(it.request_id, None)
+            if route:
+                for a in set(route) - self.dead_addrs:
+                    self.t.send(a, Release(request_ids=(it.request_id,)))
         entry = self.in_flight.get(msg.batch_id)
         if entry is None:
             log.warning("scheduler %s: result for unknown batch %d", self.instance_id, msg.batch_id)
@@ -597,6 +610,7 @@ class Scheduler:
             self.waiting.remove(rid)
 
     def _release(self, r: _Req) -> None:
+        self._mark_stale(r)
         self._unledger(r)
         self._remove(r)
         for addr in set(r.route) - self.dead_addrs:
