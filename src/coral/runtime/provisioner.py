@@ -27,6 +27,7 @@ from coral.errors import CoralError
 from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
 from coral.runtime.coordinator import Coordinator, ModelInfo
 from coral.runtime.serving import ApiServer, ServerOptions
+from coral.runtime.serving.tokenizer import Tokenizer, load_tokenizer
 from coral.runtime.transport import CurveKeys, ZmqTransport
 
 __all__ = ["Deployment", "LocalProvisioner", "Provisioner"]
@@ -114,6 +115,7 @@ class LocalProvisioner(Provisioner):
         self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)
         self.zygote: subprocess.Popen[bytes] | None = None
         self.retired: set[str] = set()  # instances stopped on purpose (their exits are expected)
+        self._next_device = 0  # GPUs handed out on this host (engine k gets cuda:k, modulo the GPUs)
 
     @staticmethod
     def _instance_of(proc_name: str) -> str:
@@ -164,31 +166,46 @@ class LocalProvisioner(Provisioner):
         common = {
             "curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
             "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
+            "kv_cache_gib": cluster.kv_cache_gib,
         }  # fmt: skip
         sched_addr_port = _free_port(host)
         scheduler = f"tcp://{host}:{sched_addr_port}"
         nodes = []
+        placement: list[tuple[int, str, int]] = []  # per node: TP degree, device, first device index
         for s, st in enumerate(inst.stages):
             for k, w in enumerate(st.node_throughputs):
                 nodes.append({"stage": s, "node_index": k, "layer_start": st.layer_start, "layer_end": st.layer_end, "throughput_tok_per_s": w})
+                if st.devices:
+                    d = st.devices[k]
+                    placement.append((st.tp, "cpu" if d == "cpu" else "cuda", 0 if d == "cpu" else int(d[5:])))
+                else:  # one device per engine process, in order on this host
+                    placement.append((st.tp, cluster.device, self._next_device))
+                    self._next_device += st.tp
         self._spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
             "host": host, "port": sched_addr_port, **common,
         })  # fmt: skip
-        for n in nodes:
+        for n, (tp, device, index) in zip(nodes, placement, strict=True):
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"], "scheduler": scheduler,
-                "host": host, "threads": cluster.torch_threads, **common,
+                "host": host, "threads": cluster.torch_threads, "device_index": index, **common,
             }  # fmt: skip
             if self.noop:
                 spec["noop"] = {"layer_start": n["layer_start"], "layer_end": n["layer_end"], "num_layers": model.num_layers}
             else:
                 spec["shard"] = {
                     "config": model.config, "layer_start": n["layer_start"], "layer_end": n["layer_end"],
-                    "seed": inst.seed, "weights_path": inst.weights_path, "device": cluster.device, "dtype": cluster.dtype,
+                    "seed": inst.seed, "weights_path": inst.weights_path, "device": device, "dtype": cluster.dtype,
                 }  # fmt: skip
-            self._spawn_engine(f"{inst.name}/{n['stage']}/{n['node_index']}", spec, sorted({m.config["model_type"] for m in cluster.models}))
+            name = f"{inst.name}/{n['stage']}/{n['node_index']}"
+            types = sorted({m.config["model_type"] for m in cluster.models})
+            if tp == 1 or self.noop:
+                self._spawn_engine(name, spec, types)
+                continue
+            rendezvous = f"tcp://{host}:{_free_port(host)}"
+            for rank in range(tp):  # rank 0 is the node the scheduler talks to; the others follow it
+                self._spawn_engine(name if rank == 0 else f"{name}/tp{rank}", {**spec, "tp": {"rank": rank, "world": tp, "init_method": rendezvous}}, types)
 
     @staticmethod
     def _pid_alive(pid: int) -> bool:
@@ -305,6 +322,9 @@ class Deployment:
             raise CoralError("deployment not started")
         return self.api.url
 
+    def _tokenizers(self) -> dict[str, Tokenizer]:
+        return {m.name: load_tokenizer(m.tokenizer_path, m.chat_template, int(m.config["vocab_size"]), m.name) for m in self.cluster.models}
+
     def _infos(self) -> list[ModelInfo]:
         infos = []
         for m in self.cluster.models:
@@ -376,7 +396,7 @@ class Deployment:
                 api_key=c.api_key, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes, idle_timeout_s=c.idle_timeout_s,
                 header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s, metrics_require_key=c.metrics_require_key,
             )  # fmt: skip
-            self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts)
+            self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts, tokenizers=self._tokenizers())
             self.api.start()
             self.controller.start()
         except BaseException:
