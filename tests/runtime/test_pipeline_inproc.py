@@ -17,6 +17,8 @@ from coral.runtime.model import (
 from coral.runtime.protocol import Submit, TokenOut
 from coral.runtime.transport import InprocHub, InprocTransport
 
+from .conftest import wait_until
+
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 3], [7] * 20, [42, 43, 44], [300]]
 
 
@@ -84,6 +86,8 @@ def test_pd_instances_resharded_kv_equal_generate(arch: str, threads: list) -> N
     try:
         submit(client, "P", PROMPTS, 10, decode_to="D")
         got = collect(client, len(PROMPTS))
+        # every KV cache is freed (the Release messages may still be on their way)
+        freed = wait_until(lambda: all(0 == e.held_sequences() for e in pre.engines + dec.engines), 10)
     finally:
         pre.stop()
         dec.stop()
@@ -93,8 +97,8 @@ def test_pd_instances_resharded_kv_equal_generate(arch: str, threads: list) -> N
         assert [] == [m.error for m in msgs if m.error]
         assert expected == [t for m in msgs for t in m.tokens]
         assert "length" == msgs[-1].finish_reason
-    # both middle-stage decode nodes got work (weighted round-robin), and every KV cache was freed
-    assert all(e.caches == {} for e in pre.engines + dec.engines)
+    # every KV cache was freed, and both middle-stage decode nodes got work (weighted round-robin)
+    assert freed
     middle = [e.items_served for e in dec.engines if e.stage == 1]
     assert 2 == len(middle) and all(n > 0 for n in middle)
 

@@ -1,20 +1,17 @@
 """A performance model of the Coral runtime's own engine, read from a `coral profile` CSV and its host file.
 
-The profile table keys a layer's time by tokens per micro-batch (`b·P` in prefill), which fits
-batched kernels. The runtime's engine runs every request of a micro-batch alone, one after
-another, so its time is `b ×` the time of one request of the batch's mean length, plus costs
-the table has no column for. `EnginePerf` adds them through the `PerfModel` interface only, so
-the simulator is used unchanged:
+The runtime's engine runs a micro-batch as one batched forward pass per stage, and `coral
+profile` times exactly that: one pass of `b` requests of length `x` (prompt in prefill,
+context in decode) over the engine's paged KV cache. `EnginePerf` reads those measured passes
+through the `PerfModel` interface only, so the simulator is used unchanged:
 
-* `layer_time_s`: `t0_layer(x) + b × t_layer(x)` with x = P̄ (prefill) or the context (decode):
-  a straight line in `b` fitted to the profiled batch sizes at each length. The first request
-  of a micro-batch finds the caches cold (the profile evicts them before every run, as the
-  other engines on the host do between two micro-batches of one engine); the next ones find
-  them warm and cost less, so averaging per-request costs over batch sizes would time a
-  micro-batch of one (the usual case at moderate load) too fast;
-* `stage_extra_s`: every stage pays the per-request call cost; the first stage the embedding
-  and one scheduler→engine message; the last stage norm + LM head + sampling and one
-  engine→scheduler message;
+* `layer_time_s`: the measured time of one layer for a micro-batch of `b` at length `x`,
+  interpolated piecewise-linearly in `b` between the profiled batch sizes (extrapolated along
+  the last segment) and then in `x` between the profiled lengths. The profile evicts the caches
+  before every run, as the other engines on the host do between two micro-batches of one engine;
+* `stage_extra_s`: every stage pays the measured per-pass call cost (KV indices and masks,
+  rotary embedding, packing); the first stage the embedding and one scheduler→engine message;
+  the last stage norm + LM head + sampling and one engine→scheduler message;
 * `transfer_s`: one measured loopback message carrying `tokens × hidden × dtype` bytes;
 * `kv_transfer_s`: the hand-off's four messages (DecodeAdmit, KvSend, KvPush, KvLoaded), the
   KvPush carrying the prompt's KV at the runtime's dtype;
@@ -67,9 +64,9 @@ class _Curve:
 
 
 class EnginePerf(ProfilePerf):
-    """Times of the runtime's engine: per-request layers, per-stage calls, loopback messages (see module doc)."""
+    """Times of the runtime's engine: batched layers, per-stage calls, loopback messages (see module doc)."""
 
-    def __init__(self, base: ProfilePerf, curves: dict[tuple[str, str, str], dict[str, _Curve]], host: HostProfile) -> None:
+    def __init__(self, base: ProfilePerf, curves: dict[tuple[str, str, str], dict[str, _BatchCurve]], host: HostProfile) -> None:
         super().__init__(base.table, fallback=base.fallback, system=base.system)
         self.curves = curves
         self.host = host
@@ -82,7 +79,7 @@ class EnginePerf(ProfilePerf):
         # Node-time multipliers per phase from isolated requests through the real cluster
         # (`fidelity._calibrate`): what the runtime's engines spend that the profile does not see.
         self.scale = {Phase.PREFILL: 1.0, Phase.DECODE: 1.0}
-        blob = repr(sorted((k, {n: (c.xs.tolist(), c.ys.tolist()) for n, c in v.items()}) for k, v in curves.items()))
+        blob = repr(sorted((k, {n: c.key() for n, c in v.items()}) for k, v in curves.items()))
         blob += repr((host.activation.latency_s, host.activation.bytes_per_s, host.kv.latency_s, host.kv.bytes_per_s))
         self.version = f"engine-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
@@ -91,7 +88,7 @@ class EnginePerf(ProfilePerf):
         """Submit (coordinator → scheduler) and the first TokenOut back: added to the simulated TTFT."""
         return 2 * self.host.activation.latency_s + self.frontend_extra_s
 
-    def _curve(self, config: NodeConfig, model: ModelSpec, shape: Shape) -> tuple[dict[str, _Curve] | None, float]:
+    def _curve(self, config: NodeConfig, model: ModelSpec, shape: Shape) -> tuple[dict[str, _BatchCurve] | None, float]:
         c = self.curves.get((config.name, model.name, shape.phase.value))
         x = shape.prompt_tokens if shape.phase is Phase.PREFILL else shape.mean_context
         return c, x
@@ -100,14 +97,14 @@ class EnginePerf(ProfilePerf):
         c, x = self._curve(config, model, shape)
         if c is None:
             return super().layer_time_s(config, model, shape)
-        return (c["layer_ms0"](x) + shape.batch * c["layer_ms"](x)) * 1e-3 * self.scale[shape.phase]
+        return c["layer_ms"](x, shape.batch) * 1e-3 * self.scale[shape.phase]
 
     def stage_extra_s(self, config: NodeConfig, model: ModelSpec, shape: Shape, *, first: bool, last: bool) -> float:  # noqa: D102
         c, x = self._curve(config, model, shape)
         if c is None:
             return super().stage_extra_s(config, model, shape, first=first, last=last)
         cols = ["call_ms"] + (["first_ms"] if first else []) + (["last_ms"] if last else [])
-        ms = sum(c[k + "0"](x) + shape.batch * c[k](x) for k in cols)
+        ms = sum(c[k](x, shape.batch) for k in cols)
         hops = (1 if first else 0) + (1 if last else 0)
         step = self.step_extra_s if (first and shape.phase is Phase.DECODE) else 0.0
         return (ms * 1e-3 + hops * self.host.activation.latency_s + step) * self.scale[shape.phase]
@@ -120,7 +117,34 @@ class EnginePerf(ProfilePerf):
         return 3 * self.host.activation.latency_s + self.host.kv.time_s(nbytes)
 
 
-def _curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _Curve]]:
+class _BatchCurve:
+    """Milliseconds of one batched pass as a function of (length, batch): piecewise-linear in both."""
+
+    def __init__(self, xs: np.ndarray, per_x: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self.xs = xs
+        self.per_x = per_x  # for each length: (batch sizes ascending, ms)
+
+    def key(self) -> tuple[list[float], list[tuple[list[float], list[float]]]]:
+        """The curve's numbers (for the model version hash)."""
+        return self.xs.tolist(), [(b.tolist(), m.tolist()) for b, m in self.per_x]
+
+    @staticmethod
+    def _in_b(bs: np.ndarray, ms: np.ndarray, b: float) -> float:
+        if len(bs) == 1:
+            return float(ms[0] * b / bs[0])  # one batch size profiled: proportional
+        if b <= bs[-1]:
+            if b < bs[0]:
+                return float(max(ms[0] + (ms[1] - ms[0]) / (bs[1] - bs[0]) * (b - bs[0]), 0.0))
+            return float(np.interp(b, bs, ms))
+        slope = (ms[-1] - ms[-2]) / (bs[-1] - bs[-2])
+        return float(ms[-1] + max(slope, 0.0) * (b - bs[-1]))
+
+    def __call__(self, x: float, b: float) -> float:
+        ys = np.array([self._in_b(bs, ms, b) for bs, ms in self.per_x])
+        return _Curve(self.xs, ys)(x)
+
+
+def _curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _BatchCurve]]:
     reader = csv.DictReader(io.StringIO(path.read_text()))
     need = ("batch", "context", "call_ms", "first_ms", "last_ms")
     if any(c not in (reader.fieldnames or []) for c in need):
@@ -140,25 +164,16 @@ def _curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _Curve]
     out = {}
     for key, pts in acc.items():
         xs = np.array(sorted(pts))
-        fits = np.array([[_fit_batch(np.array(pts[x])[:, 0], np.array(pts[x])[:, 1 + j]) for j in range(len(cols))] for x in xs])
         curves = {}
         for j, name in enumerate(cols):
-            curves[name + "0"] = _Curve(xs, fits[:, j, 0])  # once per micro-batch (cold caches)
-            curves[name] = _Curve(xs, fits[:, j, 1])  # per request
+            per_x = []
+            for x in xs:
+                arr = np.array(sorted(pts[x]))  # rows (batch, *cols) sorted by batch
+                bs, idx = np.unique(arr[:, 0], return_index=True)  # a repeated batch size keeps its first row
+                per_x.append((bs, arr[idx, 1 + j]))
+            curves[name] = _BatchCurve(xs, per_x)
         out[key] = curves
     return out
-
-
-def _fit_batch(b: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
-    """(fixed, per request) ms of a micro-batch of b requests: least squares `fixed + b·per`, both >= 0.
-
-    With one batch size, or a fit that goes negative, the cost is all per request (mean of ms / b).
-    """
-    if len(set(b.tolist())) >= 2:
-        per, fixed = np.polyfit(b, ms, 1)
-        if fixed >= 0 and per >= 0:
-            return float(fixed), float(per)
-    return 0.0, float(np.mean(ms / b))
 
 
 def load_engine_perf(csv_path: str | Path, catalog: Catalog, fallback: PerfModel | None = None) -> EnginePerf:

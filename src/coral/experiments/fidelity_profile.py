@@ -1,16 +1,17 @@
 """Profiling the runtime's layer-range module and its wire on this host (for `coral profile` and the fidelity study).
 
 Per-layer latency is measured on the runtime's own shard (`coral.runtime.model.load_shard`),
-run the way the engine runs a micro-batch: every request alone with its own KV cache, one
-after another, the hidden states packed into a `TensorBlob` for the next stage, the token
-sampled on the last stage. For each shape four shards are timed: one middle layer, `L-2`
-middle layers, the first layer (with the embedding) and the last layer (with the final norm,
-LM head and sampling). Their differences give
+run the way the engine runs a micro-batch: one batched forward pass of all its requests over
+the engine's paged KV cache (`Shard.forward_batch`, the step's index tensors built by
+`PagedKvCache.prepare`), the packed hidden states put into a `TensorBlob` for the next stage,
+the tokens picked on the last stage (`select_tokens`). For each shape four shards are timed:
+one middle layer, `L-2` middle layers, the first layer (with the embedding) and the last layer
+(with the final norm, LM head and sampling). Their differences give
 
 * `layer_ms`: the time of one more layer for the whole micro-batch (what the profile table holds);
-* `call_ms`: what every stage pays per request whatever its layer count (the shard's forward
-  entry, rotary embedding and mask, packing the output);
-* `first_ms` / `last_ms`: the first stage's and the last stage's extra work per request.
+* `call_ms`: what every stage pays per micro-batch whatever its layer count (building the
+  step's KV indices and masks, the rotary embedding, packing the output);
+* `first_ms` / `last_ms`: the first stage's and the last stage's extra work per micro-batch.
 
 The wire is measured by echoing real protocol messages (`ForwardBatch` with hidden states,
 `KvPush` with a KV cache) over the runtime's `ZmqTransport` between two processes on
@@ -135,24 +136,26 @@ def resolve_runtime_model(model: str) -> tuple[str, dict[str, Any]]:
 # --------------------------------------------------------------------------- layers
 
 
-def _run_items(shard: Any, caches: list[Any], position: int, n_new: int, hidden_size: int, vocab: int) -> None:
-    """One micro-batch through a shard, as the engine does it: each request alone, in turn."""
+def _run_items(shard: Any, kv: Any, seqs: list[str], position: int, n_new: int, hidden_size: int, vocab: int) -> None:
+    """One micro-batch through a shard, as the engine does it: one batched pass over its KV pool."""
     import torch
 
-    from coral.runtime.model import sample
+    from coral.runtime.model import select_tokens
     from coral.runtime.protocol import TensorBlob
 
     spec = shard.spec
-    for i, cache in enumerate(caches):
-        if spec.is_first:
-            out = shard.forward(cache, position, tuple(3 + (7 * i + 13 * k) % (vocab - 3) for k in range(n_new)), None)
-        else:
-            hidden = TensorBlob.from_torch(torch.randn(1, n_new, hidden_size)).to_torch(spec.device)
-            out = shard.forward(cache, position, None, hidden)
-        if spec.is_last:
-            sample(out, 0.0, 0, position)
-        else:
-            TensorBlob.from_torch(out)
+    b = len(seqs)
+    meta = kv.prepare([(s, position, n_new) for s in seqs])
+    if spec.is_first:
+        ids = torch.tensor([3 + (7 * i + 13 * k) % (vocab - 3) for i in range(b) for k in range(n_new)], dtype=torch.long)
+        out = shard.forward_batch(meta, ids, None)
+    else:
+        hidden = TensorBlob.from_torch(torch.randn(b * n_new, hidden_size)).to_torch(spec.device)
+        out = shard.forward_batch(meta, None, hidden)
+    if spec.is_last:
+        select_tokens(out, [0.0] * b, [0] * b, [position] * b)
+    else:
+        TensorBlob.from_torch(out)
 
 
 class _CacheFlush:
@@ -174,24 +177,28 @@ def _time_shape(shard: Any, phase: str, batch: int, context: int, reps: int, hid
                 flush: _CacheFlush, clock: Callable[[], float] = time.perf_counter) -> float:
     """Median seconds (of `clock`) of one micro-batch of `batch` requests through `shard`."""
     times = []
+    kv = shard.new_kv_cache(max_tokens_wanted=(batch + 1) * (context + reps + 4 + 16))  # + a block of rounding per sequence
     if phase == "prefill":
-        _run_items(shard, [shard.new_cache()], 0, context, hidden_size, vocab)  # warm the kernels for this length
-        for _ in range(reps):
-            caches = [shard.new_cache() for _ in range(batch)]
+        _run_items(shard, kv, ["warm"], 0, context, hidden_size, vocab)  # warm the kernels for this length
+        kv.free("warm")
+        for r in range(reps):
+            seqs = [f"p{r}.{i}" for i in range(batch)]
             flush()
             t0 = clock()
-            _run_items(shard, caches, 0, context, hidden_size, vocab)
+            _run_items(shard, kv, seqs, 0, context, hidden_size, vocab)
             times.append(clock() - t0)
+            for s in seqs:
+                kv.free(s)
     else:
-        caches = [shard.new_cache() for _ in range(batch)]
-        _run_items(shard, caches, 0, context, hidden_size, vocab)  # fill the KV caches (untimed)
+        seqs = [f"d{i}" for i in range(batch)]
+        _run_items(shard, kv, seqs, 0, context, hidden_size, vocab)  # fill the KV caches (untimed)
         pos = context
-        _run_items(shard, caches, pos, 1, hidden_size, vocab)
+        _run_items(shard, kv, seqs, pos, 1, hidden_size, vocab)
         pos += 1
         for _ in range(reps):
             flush()
             t0 = clock()
-            _run_items(shard, caches, pos, 1, hidden_size, vocab)
+            _run_items(shard, kv, seqs, pos, 1, hidden_size, vocab)
             times.append(clock() - t0)
             pos += 1
     return statistics.median(times)

@@ -41,6 +41,8 @@ class ModelSpec:
     seed: int | None
     weights_path: str | None
     max_context: int
+    tokenizer_path: str | None = None  # tokenizer.json or its folder; None = byte tokenizer
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if (self.seed is None) == (self.weights_path is None):
@@ -59,12 +61,21 @@ class StageSpec:
     layer_start: int
     layer_end: int
     node_throughputs: tuple[float, ...]
+    tp: int = 1  # devices per node (tensor parallelism inside the node)
+    devices: tuple[str, ...] = ()  # first device of each node ("cuda:N"); () = assigned per host
 
     def __post_init__(self) -> None:
         if not 0 <= self.layer_start < self.layer_end:
             raise ValueError(f"empty or negative layer range [{self.layer_start}, {self.layer_end})")
         if not self.node_throughputs or any(not w > 0 for w in self.node_throughputs):
             raise ValueError("a stage needs at least one node, each with a positive throughput")
+        if self.tp < 1:
+            raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.devices and len(self.devices) != len(self.node_throughputs):
+            raise ValueError(f"devices lists {len(self.devices)} device(s) for {len(self.node_throughputs)} node(s); give one per node")
+        bad = [d for d in self.devices if not (d == "cpu" or (d.startswith("cuda:") and d[5:].isdigit()))]
+        if bad:
+            raise ValueError(f"device {bad[0]!r} is not cpu or cuda:N")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,6 +128,7 @@ class ClusterSpec:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     metrics_require_key: bool = False
+    kv_cache_gib: float = 0.0  # each engine node's KV budget; 0 = from its device's memory
 
     def model(self, name: str) -> ModelSpec:
         """The model of that name (validated to exist)."""
@@ -145,6 +157,8 @@ class ModelFile(_Strict):
     hf_config: dict[str, Any] | None = Field(None, description="An HF-style config dict with model_type.")
     weights: WeightsFile = Field(default_factory=lambda: WeightsFile(seed=0, path=None), description="Weights of every instance of the model.")
     max_context: int | None = Field(None, ge=2, description="Longest prompt + completion; default max_position_embeddings.")
+    tokenizer: str | None = Field(None, description="A local tokenizer.json (Hugging Face tokenizers) or its folder; default: byte tokenizer.")
+    chat_template: str | None = Field(None, description="Jinja chat template; default the tokenizer_config.json beside the tokenizer, else <|role|> lines.")
 
 
 class StageFile(_Strict):
@@ -152,6 +166,8 @@ class StageFile(_Strict):
 
     layers: tuple[int, int] = Field(description="Half-open layer range [start, end).")
     nodes: int | list[float] = Field(1, description="Node count, or one relative throughput per node (WRR weights).")
+    tp: int = Field(1, ge=1, description="GPUs per node: the node's layers run tensor-parallel over them (torch.distributed; gloo on CPU).")
+    devices: list[str] | None = Field(None, description="First device of each node, e.g. [cuda:0, cuda:2]; default: assigned per host in order.")
 
 
 class InstanceFile(_Strict):
@@ -201,6 +217,7 @@ class ClusterFile(_Strict):
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto (cuda if present).")
     dtype: Literal["float32", "float16", "bfloat16"] = Field("float32", description="Weights and activations dtype.")
     torch_threads: int = Field(1, ge=1, description="PyTorch threads per engine process.")
+    kv_cache_gib: float = Field(0.0, ge=0, description="KV-cache budget of each engine node (GiB, split over its TP ranks); 0 = 0.9 x device memory - weights (CPU: sized for 64 sequences at full context).")
     models: list[ModelFile] = Field(min_length=1, description="Served models.")
     instances: list[InstanceFile] = Field(min_length=1, description="Serving instances.")
 
@@ -251,6 +268,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
         idle_timeout_s=c.idle_timeout_s, header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s,
         metrics_require_key=c.metrics_require_key,
+        kv_cache_gib=f.kv_cache_gib,
     )  # fmt: skip
 
 
@@ -284,11 +302,25 @@ def _models(files: list[ModelFile]) -> list[ModelSpec]:
         seed, path = _weights(m.weights, f"model {m.name}")
         cfg = model_config_dict(m.builtin, m.hf_config, path)
         ctx = m.max_context or int(cfg.get("max_position_embeddings", 2048))
-        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx))
+        if m.tokenizer is not None or m.chat_template is not None:
+            from coral.runtime.serving.tokenizer import load_tokenizer
+
+            load_tokenizer(m.tokenizer, m.chat_template, int(cfg.get("vocab_size", 0)), m.name)  # fail at load, not per request
+        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer, chat_template=m.chat_template))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise CoralError("duplicate model names")
     return models
+
+
+def _check_tp(cfg: dict[str, Any], tp: int, where: str) -> None:
+    """Tensor parallelism splits heads, KV heads and the MLP width; dense MLPs only."""
+    if cfg.get("num_experts") or cfg.get("num_local_experts"):
+        raise CoralError(f"{where}: tp {tp} is not supported for mixture-of-experts models; use tp 1")
+    heads = int(cfg.get("num_attention_heads", 0))
+    for key, val in (("num_attention_heads", heads), ("num_key_value_heads", int(cfg.get("num_key_value_heads") or heads)), ("intermediate_size", int(cfg.get("intermediate_size", 0)))):
+        if val % tp:
+            raise CoralError(f"{where}: tp {tp} must divide the model's {key} ({val})")
 
 
 def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) -> list[InstanceSpec]:
@@ -301,7 +333,10 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
         seed, path = _weights(i.weights, f"instance {i.name}") if i.weights else (by_name[i.model].seed, by_name[i.model].weights_path)
         try:
             stages = tuple(
-                StageSpec(layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes))
+                StageSpec(
+                    layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes),
+                    tp=s.tp, devices=tuple(s.devices or ()),
+                )
                 for s in i.stages
             )
             spec = InstanceSpec(
@@ -311,6 +346,9 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
         except ValueError as e:
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None
         n = by_name[i.model].num_layers
+        for k, st in enumerate(spec.stages):
+            if st.tp > 1:
+                _check_tp(by_name[i.model].config, st.tp, f"{source}: instance {i.name!r} stage {k}")
         if spec.stages[-1].layer_end != n:
             raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
         instances.append(spec)

@@ -39,6 +39,8 @@ class InprocInstance:
         self.scheduler.t.close()
         for e in self.engines:
             e.t.close()
+            if e.beat_transport is not None:
+                e.beat_transport.close()
 
 
 def start_inproc_instance(
@@ -54,6 +56,9 @@ def start_inproc_instance(
     coordinator: str = "",
     throughput_tok_per_s: float = 1.0,
     micro_batches: int = 0,
+    kv_cache_gib: float = 0.0,
+    kv_block_size: int = 0,
+    heartbeat_timeout_s: float = 2.0,
 ) -> InprocInstance:
     """Load an instance's shards and start its scheduler and engines as threads.
 
@@ -63,7 +68,8 @@ def start_inproc_instance(
         config: the model config dict, or None for no-op engines.
         seed: weight seed.
         stages: (layer_start, layer_end, node count or per-node throughputs) per stage.
-        phase, region, model, coordinator, throughput_tok_per_s, micro_batches: see :class:`Scheduler`.
+        phase, region, model, coordinator, throughput_tok_per_s, micro_batches, heartbeat_timeout_s: see :class:`Scheduler`.
+        kv_cache_gib, kv_block_size: each engine's KV pool (see :class:`EngineNode`).
 
     Returns:
         The running instance (call :meth:`InprocInstance.stop`).
@@ -78,6 +84,7 @@ def start_inproc_instance(
     sch = Scheduler(
         InprocTransport(hub, name), instance_id=name, model=model, phase=phase, region=region,
         throughput_tok_per_s=throughput_tok_per_s, nodes=slots, coordinator=coordinator, micro_batches=micro_batches,
+        heartbeat_timeout_s=heartbeat_timeout_s,
     )  # fmt: skip
     engines = []
     for sl in slots:
@@ -86,7 +93,11 @@ def start_inproc_instance(
         else:
             shard = load_shard(ShardSpec(config=config, layer_start=sl.layer_start, layer_end=sl.layer_end, seed=seed))
         t = InprocTransport(hub, f"{name}/{sl.stage}/{sl.node_index}")
-        engines.append(EngineNode(t, shard, instance_id=name, stage=sl.stage, node_index=sl.node_index, scheduler=name))
+        beats = InprocTransport(hub, f"{name}/{sl.stage}/{sl.node_index}#beat")
+        engines.append(EngineNode(
+            t, shard, instance_id=name, stage=sl.stage, node_index=sl.node_index, scheduler=name,
+            kv_cache_gib=kv_cache_gib, kv_block_size=kv_block_size, beat_transport=beats,
+        ))  # fmt: skip
     inst = InprocInstance(sch, engines)
     actors: list[Any] = [sch, *engines]
     for obj in actors:

@@ -4,8 +4,15 @@ The shard is the model class of ``transformers`` itself (``AutoModelForCausalLM`
 built from a copy of the config with ``num_hidden_layers`` set to the range's length
 (layers renumbered from 0; per-layer lists such as ``layer_types`` sliced). The first
 stage keeps the embedding, the last keeps the final norm and the LM head; the others get
-identities there. Each request has its own ``DynamicCache`` of the shard's layers, so
-a request is always run alone (no padding) and its greedy tokens equal ``generate()``'s.
+identities there.
+
+:meth:`Shard.forward_batch` runs one micro-batch (ragged prefill and one-token decode rows
+mixed) through the range in one pass: the tokens are packed into one ``[1, T]`` sequence for
+the embedding, the projections and the MLPs, and attention runs over the paged KV cache of
+:mod:`coral.runtime.engine.kv_cache` with a per-row causal mask (the shard's layers are the
+``transformers`` decoder layers themselves, with attention registered as ``coral_paged``).
+:meth:`Shard.forward` runs one request alone with its own ``DynamicCache`` (the reference
+path the tests compare against).
 
 Weights come from a local safetensors file or folder (HF names), or from a seed: every
 tensor is drawn from a generator seeded by ``(seed, global tensor name)``, so any shard
@@ -32,6 +39,7 @@ __all__ = [
     "model_config_dict",
     "seeded_state_dict",
     "sample",
+    "select_tokens",
 ]
 
 #: Small configurations known to the runtime by name (random weights only).
@@ -230,12 +238,79 @@ class _WeightSource:
 
 
 class Shard:
-    """A loaded layer range: run one request's tokens or hidden states through it."""
+    """A loaded layer range: run a micro-batch (or one request) through it."""
 
     def __init__(self, spec: ShardSpec, model: Any, config: Any) -> None:
         self.spec = spec
         self.model = model
         self.config = config  # the shard's (renumbered) config, for its caches
+        self.num_local_layers = spec.layer_end - spec.layer_start
+        self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over the shard's layers."""
+        return 2 * self.num_local_layers * self.kv_heads * self.head_dim * self.model.dtype.itemsize
+
+    def new_kv_cache(self, *, max_tokens_wanted: int, kv_cache_gib: float = 0.0, block_size: int = 0) -> Any:
+        """The node's paged KV cache, sized by :func:`coral.runtime.engine.kv_cache.kv_budget_bytes`.
+
+        Args:
+            max_tokens_wanted: tokens the engine's batch limits could hold (CPU sizing).
+            kv_cache_gib: explicit budget (0 = derive from the device's memory).
+            block_size: tokens per block (0 = default).
+
+        Returns:
+            A :class:`coral.runtime.engine.kv_cache.PagedKvCache`.
+        """
+        from coral.runtime.engine.kv_cache import DEFAULT_BLOCK_SIZE, PagedKvCache, kv_budget_bytes
+
+        bs = block_size or DEFAULT_BLOCK_SIZE
+        per_tok = self.kv_bytes_per_token
+        budget = kv_budget_bytes(device=self.spec.device, weights_bytes=self.weights_bytes, bytes_per_token=per_tok, max_tokens_wanted=max_tokens_wanted, kv_cache_gib=kv_cache_gib)
+        blocks = max(1, budget // (per_tok * bs))
+        return PagedKvCache(
+            num_layers=self.num_local_layers, kv_heads=self.kv_heads, head_dim=self.head_dim,
+            num_blocks=int(blocks), block_size=bs, dtype=self.model.dtype, device=self.spec.device,
+        )  # fmt: skip
+
+    def forward_batch(self, meta: Any, token_ids: Any | None, hidden: Any | None) -> Any:
+        """Run one micro-batch through the shard in one pass.
+
+        Args:
+            meta: the step's :class:`coral.runtime.engine.kv_cache.BatchMeta` (blocks reserved).
+            token_ids: packed new tokens ``[T]`` (long, first stage).
+            hidden: the previous stage's packed output ``[T, hidden]`` (other stages).
+
+        Returns:
+            Packed hidden states ``[T, hidden]``; on the last stage the logits of each row's
+            last new token ``[rows, vocab]`` (float32).
+
+        Raises:
+            ValueError: if the input is of the wrong kind.
+        """
+        import torch
+
+        m = self.model
+        with torch.inference_mode():
+            if self.spec.is_first:
+                if token_ids is None:
+                    raise ValueError("the first stage needs token ids")
+                x = m.model.embed_tokens(token_ids.to(self.spec.device).unsqueeze(0))
+            else:
+                if hidden is None:
+                    raise ValueError("a later stage needs hidden states")
+                x = hidden.to(self.spec.device, m.dtype).unsqueeze(0)
+            pos = meta.position_ids
+            pe = m.model.rotary_emb(x, position_ids=pos)
+            for layer in m.model.layers:
+                x = layer(x, attention_mask=meta, position_ids=pos, cache=meta, use_cache=True, position_embeddings=pe)
+            if self.spec.is_last:
+                last = m.model.norm(x)[0].index_select(0, meta.last_index)
+                return m.lm_head(last).float()
+            return x[0]
 
     def new_cache(self) -> Any:
         """An empty KV cache for one request over this shard's layers."""
@@ -319,7 +394,48 @@ def load_shard(spec: ShardSpec) -> Shard:
                 gname = f"model.layers.{int(idx) + spec.layer_start}.{tail}"
             t.copy_(src.get(gname, tuple(t.shape), tied).to(t.dtype))
     model.to(spec.device).eval()
+    _use_paged_attention(model)
     return Shard(spec, model, cfg)
+
+
+def _use_paged_attention(model: Any) -> None:
+    """Route the model's attention through ``coral_paged`` (sdpa unless given a batch's metadata)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("coral_paged", _attention)
+    model.config._attn_implementation = "coral_paged"
+
+
+def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from coral.runtime.engine.kv_cache import BatchMeta, paged_attention
+
+    if isinstance(attention_mask, BatchMeta):
+        return paged_attention(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def select_tokens(logits: Any, temperatures: list[float], seeds: list[int], steps: list[int]) -> list[int]:
+    """Pick every row's next token of a batch from temperature and seed alone.
+
+    A shorthand for :func:`coral.runtime.sampling.sample_batch` (the engine's only sampler)
+    with default :class:`~coral.runtime.protocol.SamplingParams` otherwise: greedy rows
+    (temperature 0) take the argmax, sampled rows draw from their own generator seeded by
+    (seed, step), so a token does not depend on the placement or on the batch it ran in.
+
+    Args:
+        logits: ``[rows, vocab]`` float tensor.
+        temperatures, seeds, steps: per row (see :func:`sample`).
+
+    Returns:
+        One token id per row.
+    """
+    from coral.runtime.protocol import SamplingParams
+    from coral.runtime.sampling import sample_batch
+
+    params = [SamplingParams(temperature=max(0.0, t), seed=s) for t, s in zip(temperatures, seeds, strict=True)]
+    return [p.token for p in sample_batch(logits, params, steps)]
 
 
 def sample(logits: Any, temperature: float, seed: int, step: int) -> int:

@@ -44,6 +44,8 @@ __all__ = [
     "SamplingParams",
     "Shutdown",
     "Submit",
+    "TOKEN_ERROR",
+    "TOKEN_NO_KV",
     "TensorBlob",
     "TokenItem",
     "TokenLogprob",
@@ -58,6 +60,12 @@ __all__ = [
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 #: Tensors smaller than this travel inside the body; larger ones in their own frame.
 INLINE_TENSOR_BYTES = 1024
+
+#: :attr:`TokenItem.token` when the request failed on an engine (the result's ``error`` says why).
+TOKEN_ERROR = -1
+#: :attr:`TokenItem.token` when an engine had no KV blocks left for the request: not a
+#: failure, the scheduler puts it back in its queue (it is recomputed later).
+TOKEN_NO_KV = -2
 
 _WIDTH = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4}
 _DTYPES = tuple(_WIDTH)
@@ -218,7 +226,7 @@ class BatchItem(_Msg, frozen=True):
 
 
 class TokenItem(_Msg, frozen=True):
-    """One sampled token for one request, from the last stage."""
+    """One sampled token for one request, from the last stage (or :data:`TOKEN_ERROR` / :data:`TOKEN_NO_KV` from any stage)."""
 
     request_id: str
     token: int
@@ -254,14 +262,22 @@ class EngineHello(_Msg, frozen=True):
     address: str
     layer_start: int
     layer_end: int
+    #: the node's KV pool (blocks of ``kv_block_size`` tokens); 0 = unbounded (no-op engines)
+    kv_blocks: int = 0
+    kv_block_size: int = 0
 
 
 class ForwardBatch(_Msg, frozen=True):
-    """Scheduler or previous stage -> engine: run these items through your layers."""
+    """Scheduler or previous stage -> engine: run these items through your layers.
+
+    Between stages the items' hidden states travel packed in ``hidden``
+    (``[sum of the items' token counts, hidden size]``, items in order) rather than per item.
+    """
 
     batch_id: int
     reply_to: str  # the scheduler, which gets the sampled tokens from the last stage
     items: tuple[BatchItem, ...]
+    hidden: TensorBlob | None = None
 
 
 class ForwardResult(_Msg, frozen=True):
@@ -284,6 +300,7 @@ class KvSend(_Msg, frozen=True):
     request_id: str
     targets: tuple[KvTarget, ...]
     notify: str  # the decode scheduler, told by each receiving node what it loaded
+    kv_id: str = ""  # the KV's key on the prefill node ("" = request_id; differs after a recompute)
 
 
 class KvPush(_Msg, frozen=True):
@@ -329,6 +346,7 @@ class DecodeAdmit(_Msg, frozen=True):
     submit: Submit
     generated: tuple[int, ...]
     sources: tuple[KvSource, ...]
+    kv_id: str = ""  # the KV's key on the sources ("" = the request id)
 
 
 class TokenOut(_Msg, frozen=True):

@@ -112,6 +112,7 @@ class LocalProvisioner(Provisioner):
         self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)
         self.zygote: subprocess.Popen[bytes] | None = None
         self.retired: set[str] = set()  # instances stopped on purpose (their exits are expected)
+        self._next_device = 0  # GPUs handed out on this host (engine k gets cuda:k, modulo the GPUs)
 
     @staticmethod
     def _instance_of(proc_name: str) -> str:
@@ -162,31 +163,46 @@ class LocalProvisioner(Provisioner):
         common = {
             "curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
             "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
+            "kv_cache_gib": cluster.kv_cache_gib,
         }  # fmt: skip
         sched_addr_port = _free_port(host)
         scheduler = f"tcp://{host}:{sched_addr_port}"
         nodes = []
+        placement: list[tuple[int, str, int]] = []  # per node: TP degree, device, first device index
         for s, st in enumerate(inst.stages):
             for k, w in enumerate(st.node_throughputs):
                 nodes.append({"stage": s, "node_index": k, "layer_start": st.layer_start, "layer_end": st.layer_end, "throughput_tok_per_s": w})
+                if st.devices:
+                    d = st.devices[k]
+                    placement.append((st.tp, "cpu" if d == "cpu" else "cuda", 0 if d == "cpu" else int(d[5:])))
+                else:  # one device per engine process, in order on this host
+                    placement.append((st.tp, cluster.device, self._next_device))
+                    self._next_device += st.tp
         self._spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
             "host": host, "port": sched_addr_port, **common,
         })  # fmt: skip
-        for n in nodes:
+        for n, (tp, device, index) in zip(nodes, placement, strict=True):
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"], "scheduler": scheduler,
-                "host": host, "threads": cluster.torch_threads, **common,
+                "host": host, "threads": cluster.torch_threads, "device_index": index, **common,
             }  # fmt: skip
             if self.noop:
                 spec["noop"] = {"layer_start": n["layer_start"], "layer_end": n["layer_end"], "num_layers": model.num_layers}
             else:
                 spec["shard"] = {
                     "config": model.config, "layer_start": n["layer_start"], "layer_end": n["layer_end"],
-                    "seed": inst.seed, "weights_path": inst.weights_path, "device": cluster.device, "dtype": cluster.dtype,
+                    "seed": inst.seed, "weights_path": inst.weights_path, "device": device, "dtype": cluster.dtype,
                 }  # fmt: skip
-            self._spawn_engine(f"{inst.name}/{n['stage']}/{n['node_index']}", spec, sorted({m.config["model_type"] for m in cluster.models}))
+            name = f"{inst.name}/{n['stage']}/{n['node_index']}"
+            types = sorted({m.config["model_type"] for m in cluster.models})
+            if tp == 1 or self.noop:
+                self._spawn_engine(name, spec, types)
+                continue
+            rendezvous = f"tcp://{host}:{_free_port(host)}"
+            for rank in range(tp):  # rank 0 is the node the scheduler talks to; the others follow it
+                self._spawn_engine(name if rank == 0 else f"{name}/tp{rank}", {**spec, "tp": {"rank": rank, "world": tp, "init_method": rendezvous}}, types)
 
     @staticmethod
     def _pid_alive(pid: int) -> bool:

@@ -13,11 +13,24 @@ own route and asks every prefill node to push the overlapping layers of the KV c
 straight to the decode nodes holding them (:class:`KvSend`), then starts decoding once
 every layer is in place.
 
+KV memory: every engine node announces its KV pool (blocks and block size) in its hello,
+and the scheduler keeps an exact mirror of each pool (:class:`BlockPool`, accounting only):
+a request is admitted only when its route's nodes have the blocks for its next step; before
+a micro-batch goes out every member's growth is reserved, and when a node is full the
+youngest request holding blocks there (not in flight) is *preempted by recompute*: its KV is
+released and it goes back to the front of the queue with its prompt plus the tokens it has
+generated, to be prefilled again (same tokens under greedy decoding; sampling is seeded per
+step). A request whose prompt plus ``max_tokens`` could never fit a node is refused at
+submission. So an engine never runs out of memory: the queue grows instead.
+
 Lifecycle and faults: the scheduler heartbeats its engines and the coordinator (the
 heartbeat to the coordinator carries the instance's registration, state and load). On
 :class:`Drain` it takes no new request and finishes the ones it holds; the coordinator
 sends :class:`Shutdown` once it is empty. If an engine node goes silent for
-``heartbeat_timeout_s`` the instance has lost a stage: the scheduler reports itself
+``heartbeat_timeout_s`` and its stage has another (data-parallel) node, the scheduler routes
+around it: the dead node leaves the stage's round-robin and every request that had it on
+its route is restarted by recompute on the surviving nodes (no error reaches the client).
+Only when a stage has no node left has the instance failed: the scheduler reports itself
 ``failed``, ends every request it holds with a *retryable* error (the coordinator resends
 them elsewhere), stops its other nodes and exits.
 """
@@ -33,7 +46,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coral.policy import SmoothWRR
+from coral.runtime.engine.kv_cache import BlockPool
 from coral.runtime.protocol import (
+    TOKEN_NO_KV,
     BatchItem,
     Cancel,
     DecodeAdmit,
@@ -86,6 +101,9 @@ class _Req:
     history: tuple[int, ...] = ()  # tokens this route has not been fed (a decode hand-off), sent once
     t_arrived: float = 0.0
     queue_s: float = -1.0  # time from arrival to the first batch (-1 = not yet reported)
+    kv_id: str = ""  # the engines' key for this request's KV (changes when it is recomputed)
+    admitted: int = 0  # admission order: the youngest is preempted first
+    preemptions: int = 0
 
 
 class Scheduler:
@@ -151,6 +169,16 @@ class Scheduler:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self._last_beat = 0.0
         self._engine_seen: dict[tuple[int, int], float] = {}
+        self.dead: set[tuple[int, int]] = set()  # nodes lost; their stage still has others
+        self.dead_addrs: set[str] = set()
+        self.ledgers: dict[str, BlockPool] = {}  # engine address -> mirror of its KV pool
+        self.by_kv: dict[str, str] = {}  # kv id -> request id
+        self.admit_queue: deque[DecodeAdmit] = deque()  # decode hand-offs waiting for KV space
+        self._admissions = itertools.count(1)
+        self.preempted = 0  # requests preempted by recompute (for tests and metrics)
+        # KV ids dropped while a micro-batch still carried them -> their route: a later stage may
+        # have allocated blocks after our Release passed it, so the batch's result releases again
+        self.stale: dict[str, tuple[str, ...]] = {}
 
     # --------------------------------------------------------------- loop
 
@@ -228,7 +256,7 @@ class Scheduler:
             self.t.send(self.coordinator, Heartbeat(
                 sender=self.t.address, role="scheduler", instance_id=self.instance_id, state=self.state,
                 in_flight=len(self.reqs), hello=self._hello_msg() if self.ready else None, reason=self.failed,
-                waiting=len(self.waiting),
+                waiting=len(self.waiting), kv_cache_usage=self.kv_cache_usage(),
             ))  # fmt: skip
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
@@ -247,9 +275,38 @@ class Scheduler:
                 self.t.send(addr, beat)
             self._beat_coordinator()
         if self.heartbeat_timeout_s > 0:
-            dead = [k for k, t in self._engine_seen.items() if now - t > self.heartbeat_timeout_s]
+            dead = [k for k, t in self._engine_seen.items() if k not in self.dead and now - t > self.heartbeat_timeout_s]
             if dead:
-                self._instance_failed(f"engine node(s) {', '.join(f'{s}/{i}' for s, i in sorted(dead))} silent for over {self.heartbeat_timeout_s:.1f} s")
+                self._nodes_lost(dead)
+
+    def _nodes_lost(self, dead: list[tuple[int, int]]) -> None:
+        """Route around dead nodes; fail the instance only when a stage has none left."""
+        lost = set(dead) | self.dead
+        empty = [s for s in range(self.num_stages) if all((s, k) in lost for k in self.stage_nodes[s])]
+        names = ", ".join(f"{s}/{i}" for s, i in sorted(dead))
+        if empty:
+            self._instance_failed(f"engine node(s) {names} silent for over {self.heartbeat_timeout_s:.1f} s; stage {empty[0]} has no node left")
+            return
+        log.warning("scheduler %s: engine node(s) %s lost; routing around them", self.instance_id, names)
+        self.dead = lost
+        gone = {self.addresses[k] for k in dead if k in self.addresses}
+        self.dead_addrs |= gone
+        for s in {k[0] for k in dead}:
+            self.stage_nodes[s] = [k for k in self.stage_nodes[s] if (s, k) not in lost]
+            self.wrr[s] = SmoothWRR([self.slots[(s, k)].throughput_tok_per_s for k in self.stage_nodes[s]])
+        for addr in gone:
+            self.ledgers.pop(addr, None)
+        for r in list(self.reqs.values()):
+            if gone & set(r.route):
+                if r.kv_deadline:  # its KV was on its way to a dead node: ask the prefill side again is not possible
+                    self._fail(r, "decode node lost during the KV hand-off", retryable=True)
+                else:
+                    self._preempt(r)
+        for bid, (g, outstanding) in list(self.in_flight.items()):
+            outstanding &= set(self.by_kv)
+            if not outstanding:
+                del self.in_flight[bid]
+                self.busy[g] = False
 
     def _instance_failed(self, reason: str) -> None:
         """A node is gone: report, hand every request back for retry, stop the other nodes."""
@@ -272,6 +329,8 @@ class Scheduler:
             return
         self.addresses[(msg.stage, msg.node_index)] = msg.address
         self._engine_seen[(msg.stage, msg.node_index)] = time.monotonic()
+        if msg.kv_blocks > 0 and msg.address not in self.ledgers:
+            self.ledgers[msg.address] = BlockPool(msg.kv_blocks, msg.kv_block_size)
         if not self.ready and len(self.addresses) == len(self.slots):
             self.ready = True
             log.info("scheduler %s: all %d nodes up", self.instance_id, len(self.slots))
@@ -280,6 +339,72 @@ class Scheduler:
 
     def _pick_route(self) -> tuple[str, ...]:
         return tuple(self.addresses[(s, self.stage_nodes[s][self.wrr[s].pick()])] for s in range(self.num_stages))
+
+    # --------------------------------------------------------------- KV ledger
+
+    def _fits(self, route: tuple[str, ...], kv_id: str, tokens: int) -> bool:
+        return all(self.ledgers[a].can_grow(kv_id, tokens) for a in route if a in self.ledgers)
+
+    def _grow(self, route: tuple[str, ...], kv_id: str, tokens: int) -> None:
+        for a in route:
+            if a in self.ledgers:
+                self.ledgers[a].grow(kv_id, tokens)
+
+    def _unledger(self, r: _Req) -> None:
+        for a in set(r.route):
+            if a in self.ledgers:
+                self.ledgers[a].free(r.kv_id)
+        self.by_kv.pop(r.kv_id, None)
+
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use on the fullest node (0 with no-op, unbounded engines)."""
+        return max(((p.num_blocks - p.num_free) / p.num_blocks for p in self.ledgers.values() if p.num_blocks), default=0.0)
+
+    def _capacity_tokens(self) -> int:
+        """Tokens the smallest node pool holds (0 = unbounded)."""
+        caps = [p.capacity_tokens for p in self.ledgers.values()]
+        return min(caps) if caps else 0
+
+    def _mark_stale(self, r: _Req) -> None:
+        if r.route and any(r.kv_id in out for _g, out in self.in_flight.values()):
+            self.stale[r.kv_id] = r.route
+
+    def _preempt(self, r: _Req) -> None:
+        """Release ``r``'s KV and queue it at the front, to be prefilled again (recompute)."""
+        rid = r.submit.request_id
+        self._mark_stale(r)
+        for a in set(r.route) - self.dead_addrs:
+            self.t.send(a, Release(request_ids=(r.kv_id,)))
+        self._unledger(r)
+        if r.group >= 0 and rid in self.members[r.group]:
+            self.members[r.group].remove(rid)
+        r.group = -1
+        r.preemptions += 1
+        self.preempted += 1
+        r.kv_id = f"{rid}~{r.preemptions}"
+        self.by_kv[r.kv_id] = rid
+        r.pending = tuple(r.submit.prompt) + tuple(r.generated) if r.generated else tuple(r.submit.prompt)
+        r.history = ()  # the recompute feeds the whole sequence to the new KV id
+        r.position = 0
+        r.route = ()
+        if rid in self.waiting:
+            self.waiting.remove(rid)
+        self.waiting.appendleft(rid)
+
+    def _victim(self, addr: str, busy: set[str]) -> _Req | None:
+        """The youngest request holding blocks on ``addr`` that is not in a micro-batch in flight."""
+        pool = self.ledgers.get(addr)
+        if pool is None:
+            return None
+        best = None
+        for kv_id in pool.tables:
+            rid = self.by_kv.get(kv_id)
+            r = self.reqs.get(rid) if rid is not None else None
+            if r is None or rid in busy or r.kv_deadline:
+                continue
+            if best is None or r.admitted > best.admitted:
+                best = r
+        return best
 
     def _stage_layers(self, route: tuple[str, ...]) -> list[tuple[str, int, int]]:
         by_addr = {a: self.slots[k] for k, a in self.addresses.items()}
@@ -298,26 +423,51 @@ class Scheduler:
             # routed here just before the drain (cannot happen with one coordinator): retry elsewhere
             self._finish_error(sub, f"instance {self.instance_id} is {self.state}", retryable=True)
             return
-        r = _Req(submit=sub, pending=sub.prompt, t_arrived=time.monotonic())
+        cap = self._capacity_tokens()
+        if cap and len(sub.prompt) + sub.max_tokens > cap:
+            self._finish_error(sub, f"prompt ({len(sub.prompt)} tokens) + max_tokens ({sub.max_tokens}) exceeds the KV cache of a node of instance {self.instance_id} ({cap} tokens)")
+            return
+        r = _Req(submit=sub, pending=sub.prompt, kv_id=sub.request_id, t_arrived=time.monotonic())
         self.reqs[sub.request_id] = r
+        self.by_kv[r.kv_id] = sub.request_id
         self.waiting.append(sub.request_id)
 
     def _on_decode_admit(self, msg: DecodeAdmit) -> None:
         sub = msg.submit
-        if sub.request_id in self.reqs or not self.ready or not msg.generated:
+        cap = self._capacity_tokens()
+        if sub.request_id in self.reqs or not self.ready or not msg.generated or (cap and len(sub.prompt) + sub.max_tokens > cap):
             self._finish_error(sub, "decode instance cannot take the request", retryable=True)
             for src in msg.sources:
-                self.t.send(src.address, Release(request_ids=(sub.request_id,)))
+                self.t.send(src.address, Release(request_ids=(msg.kv_id or sub.request_id,)))
             return
-        r = _Req(submit=sub, route=self._pick_route(), position=len(sub.prompt), pending=(msg.generated[-1],))
+        self.admit_queue.append(msg)
+
+    def _admit_decodes(self) -> None:
+        """Start the KV hand-off of queued decode admissions, oldest first, while blocks last."""
+        while self.admit_queue:
+            msg = self.admit_queue[0]
+            sub = msg.submit
+            route = self._pick_route()
+            need = len(sub.prompt) + 1
+            if not self._fits(route, sub.request_id, need):
+                return  # the prefill nodes keep the KV until blocks free up here
+            self.admit_queue.popleft()
+            self._start_decode(msg, route, need)
+
+    def _start_decode(self, msg: DecodeAdmit, route: tuple[str, ...], need: int) -> None:
+        sub = msg.submit
+        r = _Req(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
         r.generated = list(msg.generated)
         r.history = sub.prompt + msg.generated[:-1]
         r.kv_deadline = time.monotonic() + self.kv_timeout_s
+        r.admitted = next(self._admissions)
         self.reqs[sub.request_id] = r
+        self.by_kv[r.kv_id] = sub.request_id
+        self._grow(route, r.kv_id, need)
         targets = tuple(KvTarget(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
         for src in msg.sources:
             mine = tuple(t for t in targets if max(t.layer_start, src.layer_start) < min(t.layer_end, src.layer_end))
-            self.t.send(src.address, KvSend(request_id=sub.request_id, targets=mine, notify=self.t.address))
+            self.t.send(src.address, KvSend(request_id=sub.request_id, targets=mine, notify=self.t.address, kv_id=msg.kv_id))
 
     def _on_kv_loaded(self, msg: KvLoaded) -> None:
         r = self.reqs.get(msg.request_id)
@@ -342,11 +492,13 @@ class Scheduler:
         """Send the next micro-batch of every idle group."""
         if not self.ready:
             return
+        self._admit_decodes()
         active = sum(len(m) for m in self.members)
         target = -(-(active + len(self.waiting)) // self.groups)  # ceil: spread requests over groups
         for g in range(self.groups):
             if self.busy[g]:
                 continue
+            self._reserve_members(g)
             members = self.members[g]
             tokens = sum(len(self.reqs[rid].pending) for rid in members)
             while self.waiting and len(members) < min(target, self.max_batch_requests):
@@ -356,9 +508,15 @@ class Scheduler:
                     continue
                 if members and tokens + len(r.pending) > self.max_batch_tokens:
                     break
+                route = r.route or self._pick_route()
+                end = r.position + len(r.pending)
+                if not self._fits(route, r.kv_id, end):
+                    break  # first come, first served: wait for blocks (running requests finish or are preempted)
                 self.waiting.popleft()
-                if not r.route:
-                    r.route = self._pick_route()
+                r.route = route
+                if not r.admitted:
+                    r.admitted = next(self._admissions)
+                self._grow(route, r.kv_id, end)
                 r.group = g
                 if r.queue_s < 0 and r.t_arrived:
                     r.queue_s = time.monotonic() - r.t_arrived
@@ -367,13 +525,32 @@ class Scheduler:
             if members:
                 self._dispatch(g)
 
+    def _reserve_members(self, g: int) -> None:
+        """Reserve the next step's blocks of group ``g``'s members, preempting where a node is full."""
+        busy = {rid for k in range(self.groups) if self.busy[k] for rid in self.members[k]}
+        for rid in list(self.members[g]):
+            r = self.reqs.get(rid)
+            if r is None or r.group != g:
+                continue
+            end = r.position + len(r.pending)
+            while not self._fits(r.route, r.kv_id, end):
+                full = next(a for a in r.route if a in self.ledgers and not self.ledgers[a].can_grow(r.kv_id, end))
+                victim = self._victim(full, busy)
+                if victim is None or victim.admitted <= r.admitted:
+                    victim = r  # r itself is the youngest here: it waits
+                self._preempt(victim)
+                if victim is r:
+                    break
+            else:
+                self._grow(r.route, r.kv_id, end)
+
     def _dispatch(self, g: int) -> None:
         bid = next(self._batch_ids)
         by_node: dict[str, list[BatchItem]] = {}
         for rid in self.members[g]:
             r = self.reqs[rid]
             item = BatchItem(
-                request_id=rid, position=r.position, token_ids=r.pending, hidden=None, route=r.route,
+                request_id=r.kv_id, position=r.position, token_ids=r.pending, hidden=None, route=r.route,
                 temperature=r.submit.temperature, seed=r.submit.seed, step=len(r.generated),
                 sampling=r.submit.sampling, history=r.history,
             )  # fmt: skip
@@ -381,10 +558,15 @@ class Scheduler:
             by_node.setdefault(r.route[0], []).append(item)
         for addr, items in by_node.items():
             self.t.send(addr, ForwardBatch(batch_id=bid, reply_to=self.t.address, items=tuple(items)))
-        self.in_flight[bid] = (g, set(self.members[g]))
+        self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
         self.busy[g] = True
 
     def _on_result(self, msg: ForwardResult) -> None:
+        for it in msg.items:
+            route = self.stale.pop(it.request_id, None)
+            if route:
+                for a in set(route) - self.dead_addrs:
+                    self.t.send(a, Release(request_ids=(it.request_id,)))
         entry = self.in_flight.get(msg.batch_id)
         if entry is None:
             log.warning("scheduler %s: result for unknown batch %d", self.instance_id, msg.batch_id)
@@ -394,8 +576,12 @@ class Scheduler:
             if it.request_id not in outstanding:
                 continue
             outstanding.discard(it.request_id)
-            r = self.reqs.get(it.request_id)
-            if r is None:
+            rid = self.by_kv.get(it.request_id)
+            r = self.reqs.get(rid) if rid is not None else None
+            if r is None or r.kv_id != it.request_id:
+                continue
+            if it.token == TOKEN_NO_KV:  # the node's pool and our mirror disagree (a hand-off still there): recompute later
+                self._preempt(r)
                 continue
             if it.token < 0:
                 self._fail(r, msg.error or "engine error")
@@ -433,27 +619,31 @@ class Scheduler:
     def _hand_off(self, r: _Req) -> None:
         sources = tuple(KvSource(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
         self._remove(r)
-        self.t.send(r.submit.decode_to, DecodeAdmit(submit=r.submit, generated=tuple(r.generated), sources=sources))
+        self._unledger(r)
+        self.t.send(r.submit.decode_to, DecodeAdmit(submit=r.submit, generated=tuple(r.generated), sources=sources, kv_id=r.kv_id))
 
     # --------------------------------------------------------------- endings
 
     def _remove(self, r: _Req) -> None:
         rid = r.submit.request_id
         self.reqs.pop(rid, None)
+        self.by_kv.pop(r.kv_id, None)
         if r.group >= 0 and rid in self.members[r.group]:
             self.members[r.group].remove(rid)
         if rid in self.waiting:
             self.waiting.remove(rid)
 
     def _release(self, r: _Req) -> None:
+        self._mark_stale(r)
+        self._unledger(r)
         self._remove(r)
-        for addr in set(r.route):
-            self.t.send(addr, Release(request_ids=(r.submit.request_id,)))
+        for addr in set(r.route) - self.dead_addrs:
+            self.t.send(addr, Release(request_ids=(r.kv_id,)))
 
-    def _fail(self, r: _Req, error: str) -> None:
+    def _fail(self, r: _Req, error: str, retryable: bool = False) -> None:
         log.warning("scheduler %s: request %s failed: %s", self.instance_id, r.submit.request_id, error)
         self._release(r)
-        self._finish_error(r.submit, error)
+        self._finish_error(r.submit, error, retryable)
 
     def _finish_error(self, sub: Submit, error: str, retryable: bool = False) -> None:
         self.t.send(sub.reply_to, TokenOut(request_id=sub.request_id, tokens=(), finished=True, finish_reason="error", error=error, retryable=retryable))

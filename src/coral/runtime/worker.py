@@ -37,12 +37,17 @@ def _watch_parent(stop: threading.Event, parent: int) -> None:
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _device(name: str) -> str:
-    if name != "auto":
+def _device(name: str, index: int = 0) -> str:
+    """The engine's device: ``auto`` and ``cuda`` take GPU ``index`` (modulo the host's GPUs), ``cuda:N`` is kept."""
+    if name not in ("auto", "cuda"):
         return name
     import torch
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        if name == "cuda":
+            raise RuntimeError("device cuda requested but torch sees no CUDA device")
+        return "cpu"
+    return f"cuda:{index % torch.cuda.device_count()}"
 
 
 def _transport(spec: dict[str, Any], port: int = 0) -> Any:
@@ -61,7 +66,9 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
 
     Args:
         spec: instance_id, stage, node_index, scheduler, host, threads, and either
-            ``noop`` (layer_start, layer_end, num_layers) or ``shard`` (ShardSpec fields).
+            ``noop`` (layer_start, layer_end, num_layers) or ``shard`` (ShardSpec fields);
+            ``device_index`` (the GPU this engine gets on its host) and, on a tensor-parallel
+            node, ``tp`` (rank, world, init_method): rank 0 serves, the others follow.
         parent: the provisioner's pid.
     """
     from coral.runtime.engine import EngineNode, NoopShard
@@ -76,19 +83,40 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
 
         torch.set_num_threads(int(spec.get("threads", 1)))
         s = dict(spec["shard"])
-        s["device"] = _device(s.get("device", "auto"))
+        tp_spec = spec.get("tp")
+        rank = int(tp_spec["rank"]) if tp_spec else 0
+        s["device"] = _device(s.get("device", "auto"), int(spec.get("device_index", 0)) + rank)
         shard = load_shard(ShardSpec(**s))
+        if tp_spec:
+            from coral.runtime.engine.tp import TpGroup, run_follower, split_for_tp
+
+            tp = TpGroup(rank=rank, world=int(tp_spec["world"]), init_method=tp_spec["init_method"], device=s["device"])
+            split_for_tp(shard, rank, tp.world)
+            if rank > 0:
+                stop = threading.Event()
+                _watch_parent(stop, parent)
+                threading.Thread(target=lambda: (stop.wait(), os._exit(0)), daemon=True).start()
+                try:
+                    run_follower(shard, tp)
+                finally:
+                    tp.close()
+                return
+            spec = {**spec, "_tp": tp}
     t = _transport(spec)
+    beats = _transport(spec)  # heartbeats go out from a thread, on their own socket
     hb = float(spec.get("heartbeat_s", 0.25))
     node = EngineNode(
         t, shard, instance_id=spec["instance_id"], stage=spec["stage"], node_index=spec["node_index"], scheduler=spec["scheduler"],
         heartbeat_s=hb, heartbeat_timeout_s=2 * float(spec.get("heartbeat_timeout_s", 2.0)),
+        kv_cache_gib=float(spec.get("kv_cache_gib", 0.0)) / (spec["_tp"].world if "_tp" in spec else 1), tp=spec.get("_tp"), beat_transport=beats,
     )  # fmt: skip
     _watch_parent(node.stop_event, parent)
     signal.signal(signal.SIGTERM, lambda *_: node.stop_event.set())
     try:
         node.run()
     finally:
+        node.stop_event.set()
+        beats.close()
         t.close()
 
 

@@ -16,6 +16,7 @@ from coral.runtime.coordinator import Coordinator, ModelInfo
 from coral.runtime.lifecycle import Controller
 from coral.runtime.provisioner import LocalProvisioner, Provisioner
 from coral.runtime.serving import ApiServer, ServerOptions
+from coral.runtime.serving.tokenizer import Tokenizer, load_tokenizer
 from coral.runtime.transport import CurveKeys, ZmqTransport
 
 __all__ = ["Deployment"]
@@ -59,6 +60,11 @@ class Deployment:
         if self.api is None:
             raise CoralError("deployment not started")
         return self.api.url
+
+    def _tokenizers(self) -> dict[str, Tokenizer]:
+        """Each model's tokenizer (its tokenizer.json and chat template, or the byte tokenizer)."""
+        return {m.name: load_tokenizer(m.tokenizer_path, m.chat_template, int(m.config["vocab_size"]), m.name)
+                for m in self.cluster.models}
 
     def _infos(self) -> list[ModelInfo]:
         infos = []
@@ -130,7 +136,8 @@ class Deployment:
                 api_key=c.api_key, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes, idle_timeout_s=c.idle_timeout_s,
                 header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s, metrics_require_key=c.metrics_require_key,
             )  # fmt: skip
-            self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts)
+            self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts,
+                                 tokenizers=self._tokenizers())
             self.api.start()
             self.controller.start()
         except BaseException:

@@ -325,8 +325,9 @@ class _Run:
             raise RequestError(400, str(e)) from None
         stops = req.stops()
         try:
+            chat = isinstance(req, ChatRequest)  # a rendered template: it wrote its own special tokens
             for p in prompts:
-                ids = tok.encode(p) if isinstance(p, str) else list(p)
+                ids = tok.encode(p, add_special_tokens=not chat) if isinstance(p, str) else list(p)
                 text = p if isinstance(p, str) else tok.decode(ids)
                 self.prompt_lens.append(len(ids))
                 max_tokens = asked if asked is not None else max(1, info.max_context - len(ids))

@@ -1,0 +1,387 @@
+"""The KV-cache manager of one engine node: a paged block pool, block tables, and batched attention.
+
+Memory layout (the vLLM shape, written for this engine): every layer of the node's layer
+range owns one key and one value tensor of ``num_blocks * block_size`` token slots,
+``[slots, kv_heads, head_dim]``, allocated once when the engine starts. A request owns a
+list of blocks (its block table); token ``t`` of the request lives in slot
+``table[t // block_size] * block_size + t % block_size``. Nothing is allocated per request
+or per step, so the pool's size is the engine's whole KV memory and it cannot grow.
+
+Budget (DESIGN §2's memory rule, applied to the node): ``memory · u − weights − reserve``
+where ``memory`` is the device's memory (CUDA: ``torch.cuda.mem_get_info`` total) and the
+reserve leaves room for activations of one micro-batch. On CPU the pool is sized for the
+engine's batch limits (``max_batch_requests`` sequences at full context) but never more than
+``u`` of the host's free memory; an explicit ``kv_cache_gib`` overrides both.
+
+One batched step: :meth:`PagedKvCache.prepare` turns the micro-batch's rows
+(request, first new position, new-token count) into index tensors, built once on the host
+and moved to the device in one copy: the slot of every new token, a padded
+``[rows, kv_len]`` gather index of every row's context, and the boolean attention mask
+(causal, per row, padded queries and keys masked out; a sliding-window variant for
+sliding layers). Each layer then writes its new keys/values into their slots and gathers
+each row's context for one ``scaled_dot_product_attention`` call over the whole batch.
+
+Running out of blocks is never an allocation failure: :class:`BlockPool` refuses
+(:class:`KvCacheFull`) before touching memory, and the instance scheduler keeps an exact
+mirror of every node's pool (:class:`BlockPool` again, accounting only) so it queues new
+requests, and preempts running ones by recompute, before an engine would refuse.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "BatchMeta",
+    "BlockPool",
+    "KvCacheFull",
+    "PagedKvCache",
+    "blocks_for",
+    "kv_budget_bytes",
+    "paged_attention",
+]
+
+#: Tokens per block; small blocks waste little on short sequences, large ones index less.
+DEFAULT_BLOCK_SIZE = 16
+#: DESIGN §2's usable share of a device's memory.
+MEMORY_UTILIZATION = 0.9
+
+
+class KvCacheFull(RuntimeError):
+    """Not enough free blocks for a request's tokens (the caller queues or preempts)."""
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens."""
+    return -(-tokens // block_size)
+
+
+class BlockPool:
+    """Block accounting: a free list and one block table per sequence (no tensors).
+
+    The engine uses it to place tokens; the scheduler keeps one per engine node as an
+    exact mirror, so both agree on what fits.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
+        """Args:
+        num_blocks: blocks in the pool (>= 1).
+        block_size: tokens per block (>= 1).
+
+        Raises:
+            ValueError: for a non-positive size.
+        """
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self.tables: dict[str, list[int]] = {}
+        self.lengths: dict[str, int] = {}
+
+    @property
+    def num_free(self) -> int:
+        """Blocks not held by any sequence."""
+        return len(self._free)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the whole pool holds."""
+        return self.num_blocks * self.block_size
+
+    def extra_blocks(self, seq: str, total_tokens: int) -> int:
+        """Blocks ``seq`` still needs to hold ``total_tokens`` tokens."""
+        have = len(self.tables.get(seq, ()))
+        return max(0, blocks_for(total_tokens, self.block_size) - have)
+
+    def can_grow(self, seq: str, total_tokens: int) -> bool:
+        """Whether ``seq`` can grow to ``total_tokens`` tokens now."""
+        return self.extra_blocks(seq, total_tokens) <= len(self._free)
+
+    def grow(self, seq: str, total_tokens: int) -> list[int]:
+        """Make ``seq`` hold ``total_tokens`` tokens (a new sequence starts empty).
+
+        Returns:
+            The sequence's block table.
+
+        Raises:
+            KvCacheFull: if the free blocks do not suffice (nothing is allocated then).
+        """
+        need = self.extra_blocks(seq, total_tokens)
+        if need > len(self._free):
+            raise KvCacheFull(f"KV cache full: {seq} needs {need} more block(s) of {self.block_size} tokens, {len(self._free)} free of {self.num_blocks}")
+        table = self.tables.setdefault(seq, [])
+        for _ in range(need):
+            table.append(self._free.popleft())
+        self.lengths[seq] = max(self.lengths.get(seq, 0), total_tokens)
+        return table
+
+    def free(self, seq: str) -> int:
+        """Return ``seq``'s blocks to the pool; returns how many (0 for an unknown sequence)."""
+        table = self.tables.pop(seq, None)
+        self.lengths.pop(seq, None)
+        if not table:
+            return 0
+        self._free.extend(table)
+        return len(table)
+
+    def __contains__(self, seq: object) -> bool:
+        return seq in self.tables
+
+
+def _host_free_bytes() -> int:
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 8 * 2**30
+
+
+def kv_budget_bytes(*, device: str, weights_bytes: int, bytes_per_token: int, max_tokens_wanted: int, kv_cache_gib: float = 0.0) -> int:
+    """The node's KV budget in bytes (see the module docstring for the rule).
+
+    Args:
+        device: ``cpu`` or ``cuda[:N]``.
+        weights_bytes: bytes of the node's weights (already on the device).
+        bytes_per_token: KV bytes of one token over the node's layers.
+        max_tokens_wanted: tokens the engine's batch limits could ever hold (CPU sizing).
+        kv_cache_gib: an explicit budget; 0 = derive it.
+
+    Returns:
+        The budget (>= one token's bytes).
+    """
+    if kv_cache_gib > 0:
+        return max(bytes_per_token, int(kv_cache_gib * 2**30))
+    if device.startswith("cuda"):
+        import torch
+
+        _free, total = torch.cuda.mem_get_info(torch.device(device))
+        reserve = max(256 * 2**20, int(0.02 * total))  # activations of one micro-batch, allocator slack
+        return max(bytes_per_token, int(total * MEMORY_UTILIZATION) - weights_bytes - reserve)
+    wanted = max_tokens_wanted * bytes_per_token
+    return max(bytes_per_token, min(wanted, int(_host_free_bytes() * MEMORY_UTILIZATION / 4)))
+
+
+@dataclass(slots=True)
+class BatchMeta:
+    """Index tensors of one batched step (built once, shared by every layer)."""
+
+    rows: int
+    q_max: int
+    kv_max: int
+    slot_mapping: Any  # [T] slot of every new token, rows in order
+    gather: Any  # [rows * kv_max] slot of every row's context token (padding -> slot 0)
+    q_index: Any  # [rows * q_max] packed token index of every padded query (padding -> 0)
+    pack_index: Any  # [T] padded query index of every packed token
+    last_index: Any  # [rows] packed index of each row's last new token
+    position_ids: Any  # [1, T]
+    mask: Any  # [rows, 1, q_max, kv_max] bool, True = attend
+    sliding_masks: dict[int, Any]  # window -> mask, for sliding-attention layers
+    cache: PagedKvCache | None = None
+    biases: dict[Any, Any] | None = None  # (window, dtype) -> additive float mask, built once per step
+
+    def bias(self, window: int | None, dtype: Any) -> Any:
+        """The mask as an additive 0 / -inf tensor (sdpa would convert a bool mask in every layer)."""
+        import torch
+
+        if self.biases is None:
+            self.biases = {}
+        key = (window, dtype)
+        b = self.biases.get(key)
+        if b is None:
+            m = self.mask if not window else self.sliding_mask(window)
+            b = torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+            self.biases[key] = b
+        return b
+
+    def sliding_mask(self, window: int) -> Any:
+        """The mask of a sliding layer with ``window`` (built on first use)."""
+        m = self.sliding_masks.get(window)
+        if m is None:
+            m = self.mask & self._window(window)
+            m[..., 0] |= ~m.any(-1)  # keep padded queries non-empty
+            self.sliding_masks[window] = m
+        return m
+
+    def _window(self, window: int) -> Any:
+        import torch
+
+        dev = self.mask.device
+        q_pos = self.position_ids[0].index_select(0, self.q_index).view(self.rows, 1, self.q_max, 1)
+        kv = torch.arange(self.kv_max, device=dev).view(1, 1, 1, self.kv_max)
+        return kv > q_pos - window
+
+    # The decoder layers call ``cache.update(key, value, layer_idx, kwargs=...)``: write, then gather.
+    def update(self, key: Any, value: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """Store the step's new keys/values of one layer and return every row's context, padded.
+
+        Args:
+            key, value: ``[1, kv_heads, T, head_dim]`` (packed tokens).
+            layer_idx: the shard-local layer.
+
+        Returns:
+            Keys and values ``[rows, kv_heads, kv_max, head_dim]``.
+        """
+        assert self.cache is not None
+        kp, vp = self.cache.keys[layer_idx], self.cache.values[layer_idx]
+        kp.index_copy_(0, self.slot_mapping, key[0].transpose(0, 1).to(kp.dtype))
+        vp.index_copy_(0, self.slot_mapping, value[0].transpose(0, 1).to(vp.dtype))
+        shape = (self.rows, self.kv_max, kp.shape[1], kp.shape[2])
+        k = kp.index_select(0, self.gather).view(shape).transpose(1, 2)
+        v = vp.index_select(0, self.gather).view(shape).transpose(1, 2)
+        return k, v
+
+
+def paged_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None, **kwargs: Any) -> tuple[Any, None]:
+    """Attention over a packed batch (registered with ``transformers`` as ``coral_paged``).
+
+    ``query`` is packed ``[1, heads, T, head_dim]``; ``key``/``value`` come from
+    :meth:`BatchMeta.update`, padded per row; ``attention_mask`` is the step's
+    :class:`BatchMeta`. Queries are scattered to ``[rows, heads, q_max, head_dim]``, one
+    ``scaled_dot_product_attention`` runs the whole batch, and the result is packed again.
+
+    Returns:
+        (``[1, T, heads, head_dim]``, None)
+    """
+    import torch
+
+    meta: BatchMeta = attention_mask
+    heads, _t, dim = query.shape[1:]
+    q = query[0].index_select(1, meta.q_index).view(heads, meta.rows, meta.q_max, dim).transpose(0, 1)
+    mask = meta.bias(int(sliding_window) if sliding_window else None, q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, key.to(q.dtype), value.to(q.dtype), attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != heads
+    )  # [rows, heads, q_max, dim]
+    packed = out.transpose(1, 2).reshape(meta.rows * meta.q_max, heads, dim).index_select(0, meta.pack_index)
+    return packed.unsqueeze(0), None
+
+
+class PagedKvCache:
+    """The node's KV tensors (one key and one value pool per local layer) and their block pool."""
+
+    def __init__(self, *, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, dtype: Any = None, device: str = "cpu") -> None:
+        """Args:
+        num_layers: the node's layers.
+        kv_heads, head_dim: per layer.
+        num_blocks, block_size: the pool.
+        dtype: the model's torch dtype (default float32).
+        device: where the pool lives.
+        """
+        import torch
+
+        self.pool = BlockPool(num_blocks, block_size)
+        self.block_size = block_size
+        self.device = device
+        self.dtype = dtype or torch.float32
+        slots = num_blocks * block_size
+        with torch.inference_mode():
+            # empty, not zeros: pages are touched only as blocks are used
+            self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+            self.values = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys[0].element_size() if num_layers else 0
+
+    @property
+    def budget_bytes(self) -> int:
+        """Bytes of the whole pool."""
+        return self.pool.capacity_tokens * self.bytes_per_token
+
+    def length(self, seq: str) -> int:
+        """Tokens held for ``seq`` (0 if none)."""
+        return self.pool.lengths.get(seq, 0)
+
+    def free(self, seq: str) -> None:
+        """Drop ``seq``'s KV."""
+        self.pool.free(seq)
+
+    def _slots(self, seq: str, start: int, end: int) -> Any:
+        import torch
+
+        bs = self.block_size
+        table = torch.tensor(self.pool.tables[seq], dtype=torch.long)
+        t = torch.arange(start, end)
+        return table[t // bs] * bs + t % bs
+
+    def prepare(self, rows: list[tuple[str, int, int]]) -> BatchMeta:
+        """Reserve blocks for a step and build its index tensors.
+
+        Args:
+            rows: (sequence, position of its first new token, new tokens) per row; the
+                position must equal the tokens already held (0 for a new sequence).
+
+        Returns:
+            The step's :class:`BatchMeta` (on this cache's device).
+
+        Raises:
+            ValueError: if a position does not follow the sequence's cache.
+            KvCacheFull: if the blocks do not suffice (nothing is reserved then).
+        """
+        import torch
+
+        need = 0
+        for seq, pos, n in rows:
+            if self.length(seq) != pos:
+                raise ValueError(f"position {pos} does not follow the {self.length(seq)} tokens cached for {seq}")
+            need += self.pool.extra_blocks(seq, pos + n)
+        if need > self.pool.num_free:
+            raise KvCacheFull(f"KV cache full: the step needs {need} more block(s), {self.pool.num_free} free of {self.pool.num_blocks}")
+        for seq, pos, n in rows:
+            self.pool.grow(seq, pos + n)
+        bs = self.block_size
+        b = len(rows)
+        pos_t = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
+        n_t = torch.tensor([n for _, _, n in rows], dtype=torch.long)
+        kv_len = pos_t + n_t
+        q_max, kv_max = int(n_t.max()), int(kv_len.max())
+        width = blocks_for(kv_max, bs)
+        tables = torch.zeros(b, width, dtype=torch.long)
+        for i, (seq, _, _) in enumerate(rows):
+            tb = self.pool.tables[seq]
+            tables[i, : len(tb)] = torch.tensor(tb, dtype=torch.long)
+        kv = torch.arange(kv_max)
+        slots = tables[:, kv // bs] * bs + kv % bs  # [b, kv_max]
+        kv_ok = kv.unsqueeze(0) < kv_len.unsqueeze(1)
+        gather = torch.where(kv_ok, slots, 0)
+        j = torch.arange(q_max)
+        q_ok = j.unsqueeze(0) < n_t.unsqueeze(1)  # [b, q_max]
+        q_pos = pos_t.unsqueeze(1) + j.unsqueeze(0)  # [b, q_max]
+        starts = torch.cumsum(n_t, 0) - n_t
+        q_index = torch.where(q_ok, starts.unsqueeze(1) + j.unsqueeze(0), 0).reshape(-1)
+        pack_index = (torch.arange(b).unsqueeze(1) * q_max + j.unsqueeze(0))[q_ok]
+        slot_mapping = gather.gather(1, q_pos.clamp(max=kv_max - 1))[q_ok]
+        mask = (kv.view(1, 1, kv_max) <= q_pos.unsqueeze(2)) & kv_ok.unsqueeze(1) & q_ok.unsqueeze(2)
+        mask[:, :, 0] |= ~q_ok  # a padded query attends to slot 0 only (no all-masked row, no NaN)
+        position_ids = q_pos[q_ok].unsqueeze(0)
+        last_index = starts + n_t - 1
+        dev = self.device
+        nb = dev != "cpu"
+        return BatchMeta(
+            rows=b, q_max=q_max, kv_max=kv_max,
+            slot_mapping=slot_mapping.to(dev, non_blocking=nb), gather=gather.reshape(-1).to(dev, non_blocking=nb),
+            q_index=q_index.to(dev, non_blocking=nb), pack_index=pack_index.to(dev, non_blocking=nb),
+            last_index=last_index.to(dev, non_blocking=nb), position_ids=position_ids.to(dev, non_blocking=nb),
+            mask=mask.unsqueeze(1).to(dev, non_blocking=nb), sliding_masks={}, cache=self,
+        )  # fmt: skip
+
+    def export(self, seq: str, layer: int) -> tuple[Any, Any]:
+        """One local layer's KV of ``seq`` as contiguous ``[1, kv_heads, n, head_dim]`` tensors."""
+        slots = self._slots(seq, 0, self.length(seq)).to(self.device)
+        k = self.keys[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        v = self.values[layer].index_select(0, slots).transpose(0, 1).unsqueeze(0)
+        return k, v
+
+    def load(self, seq: str, layer: int, key: Any, value: Any) -> None:
+        """Write one local layer's KV ``[1, kv_heads, n, head_dim]`` of ``seq`` (blocks reserved by :meth:`reserve`)."""
+        n = key.shape[2]
+        slots = self._slots(seq, 0, n).to(self.device)
+        self.keys[layer].index_copy_(0, slots, key[0].transpose(0, 1).to(self.device, self.dtype))
+        self.values[layer].index_copy_(0, slots, value[0].transpose(0, 1).to(self.device, self.dtype))
+
+    def reserve(self, seq: str, tokens: int) -> None:
+        """Hold blocks for ``tokens`` tokens of ``seq`` (for a KV hand-off).
+
+        Raises:
+            KvCacheFull: if they do not fit.
+        """
+        self.pool.grow(seq, tokens)
