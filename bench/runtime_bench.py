@@ -158,7 +158,8 @@ def _hf_generate_tok_per_s(arch: str, batch: int, tokens: int, prompt_len: int, 
 
 def _serve_one(arch: str, threads: int, noop: bool = False) -> Any:
     from coral.runtime.cluster_config import parse_cluster
-    from coral.runtime.provisioner import Deployment, LocalProvisioner
+    from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.provisioner import LocalProvisioner
 
     spec = parse_cluster({
         "coordinator": {"port": 0}, "device": "cpu", "torch_threads": threads,
@@ -348,7 +349,7 @@ def bench_overload(quick: bool) -> list[dict[str, Any]]:
     import threading
 
     from coral.runtime.cluster_config import parse_cluster
-    from coral.runtime.provisioner import Deployment
+    from coral.runtime.deploy.deployment import Deployment
 
     duration_s = 60.0 if quick else 600.0
     prompt_len, tokens = 32, 32

@@ -7,8 +7,8 @@ import torch
 
 from coral.errors import CoralError
 from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.model import BUILTIN_CONFIGS
-from coral.runtime.provisioner import Deployment
 
 from .conftest import http
 from .test_pipeline_inproc import PROMPTS, reference

@@ -11,7 +11,7 @@ from tokenizers import decoders as tok_decoders
 
 from coral.errors import CoralError
 from coral.runtime.cluster_config import parse_cluster
-from coral.runtime.provisioner import Deployment
+from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.serving.tokenizer import ByteTokenizer, HfTokenizer, load_tokenizer
 
 from .conftest import http, sse
