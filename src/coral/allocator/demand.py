@@ -18,6 +18,20 @@ Group = tuple[str, Phase]
 _MEMO: dict[tuple[Any, ...], dict[Group, CapacityTarget]] = {}
 
 
+def offered_demand(scenario: Any) -> dict[Group, float]:
+    """The traffic itself per (model, phase), tok/s: rate x mean prompt (prefill) or output
+    (decode) tokens, with no capacity headroom (`capacity_targets` is what a plan provisions).
+
+    Args:
+        scenario: a resolved `coral.scenario.Scenario`.
+
+    Returns:
+        tok/s per (model name, phase), every model and both phases.
+    """
+    return {(m.name, ph): m.rate_per_s * (m.prompt_tokens_mean if ph is Phase.PREFILL else m.output_tokens_mean)
+            for m in scenario.models for ph in Phase}
+
+
 def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
     """Per model, the rate of one prefill *server*: the unit the plan adds prefill capacity in. It
     is the template with the most Θ per $ (at its cheapest region), divided by its narrowest

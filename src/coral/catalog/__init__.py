@@ -13,10 +13,11 @@ from coral.catalog.models import (
     builtin_model_names,
     from_hf_config,
     load_hf_config,
+    resolve_model_spec,
 )
 
 __all__ = [
     "Catalog", "GpuType", "ModelSpec", "NodeConfig", "Offer", "builtin_catalog", "builtin_model",
     "builtin_model_names", "from_hf_config", "load_hf_config", "load_prices_csv", "load_skypilot_vms_csv",
-    "split_config_name",
+    "resolve_model_spec", "split_config_name",
 ]

@@ -277,6 +277,30 @@ def load_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     return from_hf_config(config, name or p.parent.name or p.stem)
 
 
+def resolve_model_spec(spec: str, *, base: Path | None = None, name: str | None = None) -> ModelSpec:
+    """The one way a user names a model: a built-in name, or a path to a Hugging Face
+    `config.json` (anything ending in `.json` or holding a `/`; a folder holding one works too).
+
+    Args:
+        spec: the built-in name (`coral catalog models`) or the config.json path.
+        base: folder a relative path is read from (a scenario file's folder); None: as given.
+        name: the name a config.json model gets (default: its folder's name).
+
+    Returns:
+        The model's spec.
+
+    Raises:
+        UnknownNameError: `spec` is neither a built-in name nor a path, listing the built-in names.
+        CoralError: the config.json is missing or is not valid JSON.
+    """
+    if spec in builtin_model_names():
+        return builtin_model(spec)
+    if spec.endswith(".json") or "/" in spec:
+        p = Path(spec)
+        return load_hf_config(p if p.is_absolute() or base is None else base / p, name=name)
+    raise unknown("model", spec, builtin_model_names())
+
+
 def _builtin_configs() -> dict[str, dict[str, Any]]:
     text = resources.files("coral.catalog").joinpath("data/models.json").read_text()
     return json.loads(text)

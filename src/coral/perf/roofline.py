@@ -111,6 +111,15 @@ class RooflinePerf(PerfModel):
             nbytes = model.layer_touched_bytes(shape.batch) + shape.batch * ctx * kv_l
         return flops, nbytes
 
+    def bound(self, config: NodeConfig, model: ModelSpec, shape: Shape) -> str:
+        """Whether one layer on `config` is limited by math or by HBM traffic: `"compute"` when its
+        FLOPs at the fitted FLOP rate take longer than its bytes at the fitted bandwidth, else
+        `"memory"` (the node's single-GPU datasheet rates times its efficiencies)."""
+        flops, nbytes = self.layer_flops_bytes(model, shape)
+        eff = self.eff(config)
+        compute_s = flops / (config.gpu.bf16_tflops * 1e12 * eff.flops)
+        return "compute" if compute_s > nbytes / (config.gpu.hbm_gb_per_s * 1e9 * eff.bandwidth) else "memory"
+
     def replicated_bytes(self, model: ModelSpec, shape: Shape) -> tuple[float, float]:
         """HBM bytes every GPU of a TP node moves whatever `n` is: (GEMM activations, elementwise ops).
 

@@ -14,12 +14,12 @@ from pydantic import BaseModel, ValidationError
 
 from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
 from coral.catalog.hardware import NodeConfig
-from coral.catalog.models import ModelSpec, builtin_model, builtin_model_names, load_hf_config
+from coral.catalog.models import ModelSpec, resolve_model_spec
 from coral.errors import CoralError, unknown
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
-from coral.scenario.schema import ModelEntry, PlannerEntry, ScenarioFile
+from coral.scenario.schema import PlannerEntry, ScenarioFile
 from coral.slo import Slo
 from coral.workload import WorkloadSpec
 
@@ -209,15 +209,6 @@ def _resolve_path(path: str, base: Path | None) -> Path:
     return p if p.is_absolute() or base is None else base / p
 
 
-def _model_spec(entry: ModelEntry, base: Path | None) -> ModelSpec:
-    spec = entry.spec or entry.name
-    if spec in builtin_model_names():
-        return builtin_model(spec)
-    if spec.endswith(".json") or "/" in spec:
-        return load_hf_config(_resolve_path(spec, base), name=entry.name)
-    raise unknown("model", spec, builtin_model_names())
-
-
 def _derived_price(catalog: Catalog, region: str, config: NodeConfig) -> tuple[float, str] | None:
     """Price of a shape `region` does not sell: the per-GPU price of the nearest *larger* shape of
     the same GPU sold there, times the GPU count (renting that node and splitting it into smaller
@@ -305,7 +296,7 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
                 if r not in regions:
                     raise unknown("region", r, regions)
         models.append(ServedModel(
-            name=entry.name, spec=_model_spec(entry, base),
+            name=entry.name, spec=resolve_model_spec(entry.spec or entry.name, base=base, name=entry.name),
             slo=Slo(ttft_ms=entry.ttft_ms, tpot_ms=entry.tpot_ms,
                     attainment=entry.slo_attainment if entry.slo_attainment is not None else file.slo_attainment),
             rate_per_s=entry.workload.rate_per_s, prompt_tokens_mean=p_mean, output_tokens_mean=d_mean,

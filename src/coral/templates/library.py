@@ -179,6 +179,71 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     return best
 
 
+def template_timings(perf: PerfModel, spec: TemplateSpec) -> _Timings:
+    """The performance model's numbers for `spec` (per config, micro-batch and pipeline depth),
+    computed once: what `solve_multiset` and `infeasible_reason` read.
+
+    Args:
+        perf: the performance model.
+        spec: the template problem (model, phase, budget, shapes, micro-batches).
+
+    Returns:
+        The timings, to pass to `solve_multiset` for any multiset of `spec.configs`.
+    """
+    return _Timings(perf, spec)
+
+
+def single_template_spec(model: ModelSpec, phase: Phase, slo_ms: float, budget_ms: float, configs: Sequence[NodeConfig],
+                         nodes: Sequence[str], *, prompt_tokens: float, output_tokens: float, n_max: int,
+                         batches: Sequence[int]) -> TemplateSpec:
+    """The problem of one template on one multiset, outside a library (`coral templates solve`):
+    no pruning (rho unbounded), prefill micro-batches capped at 8 as a library build caps them.
+
+    Args:
+        model, phase, slo_ms, budget_ms: what to place and the latency it must meet.
+        configs: the distinct node configurations of `nodes`.
+        nodes: the multiset (configuration names, repeated).
+        prompt_tokens, output_tokens: the mean request shape.
+        n_max: most nodes per template (raised to the multiset's size).
+        batches: micro-batch sizes to try, sorted, >= 1.
+
+    Returns:
+        The template problem.
+    """
+    grid = tuple(batches)
+    if phase is Phase.PREFILL:
+        grid = tuple(b for b in grid if b <= 8) or (1,)
+    return TemplateSpec(model=model, phase=phase, slo_ms=slo_ms, budget_ms=budget_ms, prompt_tokens=prompt_tokens,
+                        output_tokens=output_tokens, configs=tuple(configs), n_max=max(n_max, len(nodes)), rho=1e9,
+                        batches=grid)
+
+
+def infeasible_reason(perf: PerfModel, timings: _Timings, nodes: Sequence[str]) -> str:
+    """Why a multiset has no placement: memory short of the weights, the latency budget below the
+    fastest one-node latency, or neither alone (memory with KV cache and the SLO together).
+
+    Args:
+        perf: the performance model the timings came from (its memory utilization).
+        timings: `template_timings(perf, spec)` of the problem that had no placement.
+        nodes: the multiset (configuration names, repeated).
+
+    Returns:
+        One sentence for the user.
+    """
+    tspec, spec = timings.spec, timings.spec.model
+    configs = {c.name: c for c in tspec.configs}
+    mem = sum(configs[n].memory_bytes for n in nodes) * perf.system.memory_utilization
+    if mem < spec.weights_bytes:
+        return f"memory short by {(spec.weights_bytes - mem) / 2**30:.1f} GiB (weights {spec.weights_bytes / 2**30:.1f} GiB)"
+    b = min(tspec.batches)
+    t_min = min(timings.t[(n, b)] for n in nodes)
+    lat = spec.num_layers * t_min
+    if lat > tspec.budget_ms / 1e3:
+        return (f"the latency budget {tspec.budget_ms:g} ms (SLO {tspec.slo_ms:g} ms) is below the minimum achievable "
+                f"latency {lat * 1e3:.1f} ms (micro-batch {b})")
+    return "no placement fits both memory (incl. KV cache) and the SLO at any pipeline depth and micro-batch"
+
+
 def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -> Placement | None:
     from coral.templates import kernel
     from coral.templates.exact import assign_blocks

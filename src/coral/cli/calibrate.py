@@ -1,0 +1,108 @@
+"""`coral calibrate`: fit the performance model to measurements and print every fit's error."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import click
+from rich.table import Table
+
+from coral.cli.common import console, emit_json, json_opt
+
+
+@click.command("calibrate")
+@click.option("--profiles", type=click.Path(), default=None,
+              help="Folder of Helix *_bs2time.csv files (default: shared/data/profiles/helix_llama2_70b).")
+@click.option("--data-dir", type=click.Path(), default=None, help="Copy of shared/data (default: $CORAL_DATA_DIR or ../shared/data).")
+@click.option("--all-points", is_flag=True, help="Print every point, not a summary per node and phase.")
+@json_opt
+def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, as_json: bool) -> None:
+    """Fit the performance model to measurements and print every fit's error, in-sample and
+    leave-one-out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe (Helix 2xL4,
+    2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), NCCL all-reduce fits, GEMM fits and
+    pipeline sends (Vidur)."""
+    from collections import defaultdict
+    from statistics import fmean
+
+    from coral.catalog import builtin_catalog
+    from coral.perf.calibrate import calibration_report
+    from coral.workload_data import shared_data_dir
+
+    folder = profiles or str(shared_data_dir(data_dir) / "profiles" / "helix_llama2_70b")
+    vidur = shared_data_dir(data_dir) / "profiles" / "vidur" if (profiles is None or data_dir is not None) else None
+    rep = calibration_report(folder, vidur, builtin_catalog())
+    summary, tp = rep.layer_summary, rep.speedup_summary
+    if as_json:
+        return emit_json({
+            "fitted": {k: asdict(v) for k, v in rep.fitted.items()}, "summary": summary,
+            "pcie": {str(n): asdict(f) for n, f in rep.pcie.items()},
+            "tp_speedups": [{**asdict(r), "error": r.error, "loo_error": r.loo_error} for r in rep.speedups],
+            "tp_summary": tp,
+            "allreduce": [{**asdict(f), **e} for f, e in rep.allreduce],
+            "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
+            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows]})
+    t = Table(title="Fitted single-GPU efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
+    for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
+        t.add_column(col)
+    for g, e in rep.fitted.items():
+        t.add_row(g, f"{e.flops:.3f}", f"{e.decode_flops or e.flops:.3f}", f"{e.bandwidth:.3f}", f"{e.layer_overhead_s * 1e6:.0f}")
+    console.print(t)
+    t = Table(title="Predicted vs measured per-layer ms (points with >= 250 prompt tokens or decode batch >= 8)")
+    for col in ("node", "phase", "tokens" if all_points else "points", "measured", "predicted", "error", "leave-one-GPU-out error"):
+        t.add_column(col, justify="right")
+    if all_points:
+        for r in rep.layer_rows:
+            t.add_row(r.config, r.phase, str(r.tokens), f"{r.measured_ms:.2f}", f"{r.predicted_ms:.2f}",
+                      f"{r.error:+.1%}", f"{r.loo_error:+.1%}")
+    else:
+        groups: dict[tuple[str, str], list[Any]] = defaultdict(list)
+        for r in rep.layer_rows:
+            if r.counted:
+                groups[(r.config, r.phase)].append(r)
+        for (cfg, ph), rs in groups.items():
+            t.add_row(cfg, ph, str(len(rs)), f"{fmean(r.measured_ms for r in rs):.2f} (mean)",
+                      f"{fmean(r.predicted_ms for r in rs):.2f} (mean)", f"{fmean(abs(r.error) for r in rs):.1%} (MAE)",
+                      f"{fmean(abs(r.loo_error) for r in rs):.1%} (MAE)")
+    console.print(t)
+    console.print(f"single GPU: median |error| {summary['single_gpu_median_abs_error']:.1%} over "
+                  f"{summary['single_gpu_points']:.0f} points (leave-one-GPU-out {summary['single_gpu_loo_median_abs_error']:.1%}); "
+                  f"all nodes: median {summary['median_abs_error']:.1%}, p90 {summary['p90_abs_error']:.1%} over "
+                  f"{summary['counted_points']:.0f} points")
+    t = Table(title="Tensor-parallel speedup T(1 GPU)/T(n GPUs) (leave-one-out: PCIe without that node; NVLink: another GPU count's all-reduce fit)")
+    for col in ("source", "node", "phase", "tokens", "measured", "predicted", "error", "leave-one-out error"):
+        t.add_column(col, justify="right")
+    for sp in rep.speedups:
+        t.add_row(sp.source, sp.config, sp.phase, str(sp.tokens), f"{sp.measured:.2f}", f"{sp.predicted:.2f}",
+                  f"{sp.error:+.1%}", f"{sp.loo_error:+.1%}")
+    console.print(t)
+    console.print(f"TP speedup: median |error| {tp['median_abs_error']:.1%}, worst {tp['worst_abs_error']:.1%} over "
+                  f"{tp['points']:.0f} points (target <= 10 % / 20 %); leave-one-out median {tp['loo_median_abs_error']:.1%}, "
+                  f"worst {tp['loo_worst_abs_error']:.1%}")
+    t = Table(title="PCIe all-reduce fitted to Helix's multi-GPU nodes (shipped: interconnects.csv)")
+    for col in ("GPUs", "latency µs", "bus GB/s", "from"):
+        t.add_column(col)
+    for n, f in rep.pcie.items():
+        t.add_row(str(n), f"{f.latency_s * 1e6:.1f}", f"{f.bus_gb_per_s:.2f}", f.source)
+    console.print(t)
+    if rep.allreduce:
+        t = Table(title="NCCL all-reduce fits to Vidur (error of the shipped fit at 1, 2, 4, ..., 64 MiB; target <= 15 %)")
+        for col in ("link", "GPUs", "floor µs", "latency µs", "bus GB/s @32MiB", "size exp.", "worst |error|", "median raw |error|"):
+            t.add_column(col, justify="right")
+        for fit, errs in rep.allreduce:
+            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.floor_s * 1e6:.1f}", f"{fit.latency_s * 1e6:.1f}",
+                      f"{fit.bus_gb_per_s:.1f}", f"{fit.size_exponent:.3f}", f"{errs['worst_binned_abs_error']:.1%}",
+                      f"{errs['median_raw_abs_error']:.1%}")
+        console.print(t)
+        t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
+        for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
+            t.add_column(col)
+        for g, (ef, eb, err, n_pts) in rep.gemm.items():
+            t.add_row(g, str(n_pts), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
+        console.print(t)
+        t = Table(title="Pipeline send: Vidur cross-node send_recv (one GPU per node) vs the model's inter-stage send")
+        for col in ("node", "MiB", "measured ms", "measured GB/s", "model ms (8-GPU AWS node network)"):
+            t.add_column(col, justify="right")
+        for row in rep.sends:
+            t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
+                      f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
+        console.print(t)

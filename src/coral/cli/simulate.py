@@ -1,0 +1,114 @@
+"""`coral simulate` (real traces on a method's plans in the discrete-event simulator) and
+`coral demo` (a one-minute tour)."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from coral.atomic import write_text
+from coral.cli.catalog import catalog_configs
+from coral.cli.common import (
+    avail_opt,
+    cache_opt,
+    console,
+    emit_json,
+    jobs_opt,
+    json_opt,
+    method_opt,
+    nmax_opt,
+    prepare_with_progress,
+    scale_opt,
+    scenario_opt,
+)
+from coral.cli.perf import perf_cmd
+from coral.cli.scenario import scenario_show
+from coral.cli.templates import templates_solve
+from coral.cli_support import check_output_path, err_console, progress_display
+
+
+@click.command("simulate")
+@scenario_opt
+@method_opt
+@avail_opt
+@scale_opt
+@click.option("--duration-s", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True)
+@click.option("--epoch-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Re-planning period (default: the scenario's, 360 s).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Copy of shared/data holding the traces (default: $CORAL_DATA_DIR or ../shared/data).")
+@jobs_opt
+@cache_opt
+@nmax_opt
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Write summary.json, requests.csv and plots here.")
+@json_opt
+def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, duration_s: float,
+                 epoch_s: float | None, seed: int, data_dir: str | None, jobs: int, cache_dir: str | None,
+                 n_max: int | None, out: str | None, as_json: bool) -> None:
+    """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
+    re-planning every epoch."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+    from coral.experiments.pipeline import run_simulation
+
+    if out:
+        check_output_path(out, "--out", folder=True)
+    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
+    t0 = time.perf_counter()
+    with progress_display(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
+                          TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task("simulating (simulated s)", total=duration_s)
+        run = run_simulation(setup, method, duration_s=duration_s, epoch_s=epoch_s, seed=seed, data_dir=data_dir,
+                             progress=lambda now, total: bar.update(task, completed=now))
+    summary = run.result.summary()
+    summary["wall_s"] = time.perf_counter() - t0
+    summary["method"] = method
+    summary["availability"] = availability
+    summary["solve_s"] = [p.solve_s for p in run.plans]
+    if out:
+        run.result.write(Path(out))
+        write_text(Path(out) / "plans.json", json.dumps([p.to_json() for p in run.plans], indent=2, default=str))
+    if as_json:
+        return emit_json(summary)
+    t = Table(title=f"{setup.scenario.name} / {method} / {availability}: {duration_s:g} s simulated in {summary['wall_s']:.1f} s")
+    for col in ("model", "requests", "TTFT p50 / p99 s", "TPOT p50 / p99 ms", "SLO attainment", "goodput tok/s", "$/h"):
+        t.add_column(col)
+    for name, m in summary["per_model"].items():
+        pre, dec = m["prefill"], m["decode"]
+        t.add_row(name, str(m.get("requests", {}).get("arrived", "")),
+                  f"{pre['ttft_s'].get('p50', float('nan')):.2f} / {pre['ttft_s'].get('p99', float('nan')):.2f}",
+                  f"{dec['tpot_s'].get('p50', float('nan')) * 1e3:.0f} / {dec['tpot_s'].get('p99', float('nan')) * 1e3:.0f}",
+                  f"{m.get('slo_attainment', float('nan')):.1%}", f"{m.get('goodput_tok_per_s', float('nan')):,.0f}",
+                  f"{pre['cost_usd_per_h'] + dec['cost_usd_per_h']:.2f}")
+    console.print(t)
+    r = summary["requests"]
+    console.print(f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['failed']} failed, {r['in_flight']} in flight; "
+                  f"cost {summary['cost_usd_per_h']:.2f} $/h, goodput {summary['goodput_tok_per_s']:,.0f} tok/s, "
+                  f"SLO attainment {summary['slo_attainment']:.1%}")
+    if out:
+        console.print(f"results written to {out}")
+
+
+@click.command("demo")
+def demo() -> None:
+    """A one-minute tour on the `core` scenario: catalog, scenario, one perf figure, one template.
+
+    (`make demo` runs the main job instead: `coral experiment cost --setup core`.)
+    """
+    ctx = click.get_current_context()
+    console.rule("coral catalog configs")
+    ctx.invoke(catalog_configs, prices=None, as_json=False)
+    console.rule("coral scenario show core")
+    ctx.invoke(scenario_show, name="core", as_json=False)
+    console.rule("coral perf --model llama-2-70b --node 1xA100-40GB --phase prefill --batch 1 --prompt-tokens 1000")
+    ctx.invoke(perf_cmd, model="llama-2-70b", node="1xA100-40GB", phase="prefill", batch=1, prompt_tokens=1000.0,
+               output_tokens=0.0, stages=1, profile=None, as_json=False)
+    console.rule("coral templates solve --model qwen3-32b --phase prefill --slo-ms 2500 --nodes 1xL4,1xL40S,1xL40S,2xL40S")
+    ctx.invoke(templates_solve, model="qwen3-32b", phase="prefill", slo_ms=2500.0, nodes="1xL4,1xL40S,1xL40S,2xL40S",
+               prompt_tokens=2047.8, output_tokens=27.9, solver="exact", backend="highs", batches="1,2,4,8", n_max=6,
+               as_json=False)
