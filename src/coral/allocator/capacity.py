@@ -92,6 +92,23 @@ def _quantile(x: np.ndarray, q: float) -> float:
     return float(np.quantile(x, q)) if x.size else 0.0
 
 
+def _smallest_count(lo: int, ok: Callable[[int], bool]) -> int:
+    """The smallest whole count >= `lo` with `ok` (monotone: more servers never attain less),
+    by doubling then bisection. The caller has checked that some count is ok (`_reachable`)."""
+    if ok(lo):
+        return lo
+    hi = lo * 2
+    while not ok(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
 def _reachable(unqueued: np.ndarray, slo_s: float, attainment: float, strict: bool,
                why: Callable[[float], str]) -> float | None:
     """The attainment to size for, given each request's latency with no queueing at all: the target
@@ -176,20 +193,8 @@ def prefill_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, *, window
         def ttft_at(servers: int) -> np.ndarray:
             return fcfs_waits(arrival_s, service, servers) + lat
 
-        lo = max(1, math.ceil(mean / r))
-        if float(np.mean(ttft_at(lo) <= ttft_s)) >= attainment:
-            servers = lo
-        else:
-            hi = lo * 2
-            while float(np.mean(ttft_at(hi) <= ttft_s)) < attainment:
-                lo, hi = hi, hi * 2
-            while hi - lo > 1:  # smallest server count that attains (monotone)
-                mid = (lo + hi) // 2
-                if float(np.mean(ttft_at(mid) <= ttft_s)) >= attainment:
-                    hi = mid
-                else:
-                    lo = mid
-            servers = hi
+        servers = _smallest_count(max(1, math.ceil(mean / r)),
+                                  lambda n: float(np.mean(ttft_at(n) <= ttft_s)) >= attainment)
         ttft = ttft_at(servers)
         return CapacityTarget(capacity_tok_per_s=max(mean, servers * r), mean_tok_per_s=mean,
                               predicted_attainment=float(np.mean(ttft <= ttft_s)),
@@ -242,15 +247,8 @@ def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tok
         return CapacityTarget(capacity_tok_per_s=mean, mean_tok_per_s=mean, predicted_attainment=0.0,
                               quantile_latency_s=_quantile(floor, attainment))
     attainment = reach
-    lo = max(1, int(mean * cadence_s))
-    hi = max(lo + 1, len(d) + 1)
-    while hi - lo > 1:  # smallest slot count that attains (monotone)
-        mid = (lo + hi) // 2
-        if float(np.mean(tpot(mid) <= tpot_s)) >= attainment:
-            hi = mid
-        else:
-            lo = mid
-    slots = lo if float(np.mean(tpot(lo) <= tpot_s)) >= attainment else hi
+    slots = _smallest_count(max(1, int(mean * cadence_s)),
+                            lambda n: float(np.mean(tpot(n) <= tpot_s)) >= attainment)
     t = tpot(slots)
     return CapacityTarget(capacity_tok_per_s=max(mean, slots / cadence_s), mean_tok_per_s=mean,
                           predicted_attainment=float(np.mean(t <= tpot_s)), quantile_latency_s=_quantile(t, attainment))

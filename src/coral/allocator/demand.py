@@ -111,10 +111,11 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
                                               output_tokens=np.zeros(0, np.int64), window_s=1.0)
         window = float(tr.window_s or (float(tr.arrival_s.max()) if len(tr) else 1.0))
         f = float((scale or {}).get(m.name, 1.0))
-        arr = np.sort(tr.arrival_s) / f if f > 0 else tr.arrival_s
-        order = np.argsort(tr.arrival_s, kind="stable")
-        p, d = tr.prompt_tokens[order], tr.output_tokens[order]
-        window /= f if f > 0 else 1.0
+        if not f > 0:
+            f = 1.0
+        order = np.argsort(tr.arrival_s, kind="stable")  # the queues replay requests in arrival order
+        arr, p, d = tr.arrival_s[order] / f, tr.prompt_tokens[order], tr.output_tokens[order]
+        window /= f
         q = component_attainment(scenario, m.name)
         lengths = length_summary(scenario, m.name)
         pre = prefill_capacity(arr, p, window_s=window, ttft_s=m.ttft_ms / 1e3,
