@@ -17,7 +17,7 @@ from .test_lifecycle import CLUSTER, NEW_C, Load
 
 ray = pytest.importorskip("ray")
 
-from coral.runtime.deploy.ray_provisioner import RayProvisioner, ray_capacity  # noqa: E402
+from coral.runtime.deploy.ray_provisioner import RayProvisioner, engine_device, ray_capacity  # noqa: E402
 
 # a: one L4 node; b: an L4 stage then an L40S stage; c (started by the plan change): two L40S stages
 CONFIGS = {"a": [["1xL4"]], "b": [["1xL4"], ["1xL40S"]], "c": [["1xL40S"], ["1xL40S"]]}
@@ -68,6 +68,57 @@ def test_capacity_and_placement_by_gpu_type(dep: Deployment) -> None:
     too_many = parse_cluster({**CLUSTER, "instances": [{**CLUSTER["instances"][0], "name": n} for n in ("x", "y", "z")]})
     with pytest.raises(CoralError, match=r"needs 3 Ray nodes with 1x L4 .* has 2: 1 short"):
         RayProvisioner({n: [["1xL4"]] for n in ("x", "y", "z")}).check_capacity(too_many.instances)
+
+
+def _env_of(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(kv.split("=", 1) for kv in f.read().decode().split("\0") if "=" in kv)
+
+
+def test_engine_device_mapping() -> None:
+    assert ("", "cpu") == engine_device([])
+    assert ("3", "cuda:0") == engine_device([3])  # Ray's remap: the actor's only GPU is cuda:0
+    assert ("4,5", "cuda:1") == engine_device(["4", "5"], rank=1, world=2)
+    with pytest.raises(CoralError, match=r"rank 0 of 2 on a Ray actor with 1 GPU"):
+        engine_device([2], rank=0, world=2)
+
+
+def test_each_engine_uses_the_gpu_ray_gave_it(dep: Deployment) -> None:
+    prov = dep.provisioner
+    assert isinstance(prov, RayProvisioner)
+    for name in ("a/0/0", "b/0/0", "b/1/0"):
+        (p,) = prov.placement(name)
+        assert 1 == len(p["gpu_ids"])  # a 1-GPU node's bundle
+        assert p["cuda_visible_devices"] == p["gpu_ids"][0]
+        assert "cuda:0" == p["device"]  # after Ray's visibility remap
+        assert "cpu" == p["engine_device"]  # the cluster file runs the maths on the CPU here
+        # the engine process itself sees only that GPU
+        assert p["cuda_visible_devices"] == _env_of(prov.pids(name.split("/")[0])[name])["CUDA_VISIBLE_DEVICES"]
+    assert 0 <= int(prov.placement("b/1/0")[0]["gpu_ids"][0]) < 6  # one of the L40S node's six
+
+
+def test_tensor_parallel_node_gets_its_gpus_as_cuda_0_and_1(dep: Deployment) -> None:
+    """A 2xL40S node with tp 2: both ranks in the node's actor, on the two GPUs Ray gave it."""
+    from coral.runtime.cluster_config import InstanceSpec, StageSpec
+
+    prov, coord, cluster = dep.provisioner, dep.coordinator, dep.cluster
+    assert isinstance(prov, RayProvisioner) and coord is not None and dep.transport is not None
+    t = InstanceSpec(name="tp", model="llama", phase="mixed", region="local", throughput_tok_per_s=1.0,
+                     stages=(StageSpec(layer_start=0, layer_end=6, node_throughputs=(1.0,), tp=2, configs=("2xL40S",)),),
+                     seed=3, weights_path=None)
+    prov.start_instance(t, cluster.model("llama"), cluster, dep.transport.address)
+    try:
+        assert wait_until(lambda: "tp" in coord.instances, 120), "the TP instance did not register"
+        ranks = prov.placement("tp/0/0")
+        assert ["cuda:0", "cuda:1"] == [r["device"] for r in ranks]
+        assert ranks[0]["gpu_ids"] == ranks[1]["gpu_ids"] and 2 == len(ranks[0]["gpu_ids"])
+        # b's L40S stage runs on the same Ray node: Ray gave the two actors different GPUs
+        assert not set(ranks[0]["gpu_ids"]) & set(prov.placement("b/1/0")[0]["gpu_ids"])
+        assert {"tp/scheduler", "tp/0/0", "tp/0/0/tp1"} == set(prov.pids("tp"))
+        assert ",".join(ranks[0]["gpu_ids"]) == _env_of(prov.pids("tp")["tp/0/0/tp1"])["CUDA_VISIBLE_DEVICES"]
+    finally:
+        prov.stop_instance("tp")
+    assert "tp" not in prov.groups and not prov.pids("tp")
 
 
 def test_plan_change_under_load_with_a_drain(dep: Deployment) -> None:

@@ -10,48 +10,97 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from coral.catalog.models import ModelSpec, from_hf_config
 from coral.errors import CoralError
+from coral.perf.model import Phase
 from coral.runtime.model import model_config_dict
 
 __all__ = [
+    "MIXED",
     "ClusterSpec",
     "InstanceSpec",
-    "ModelSpec",
+    "ServedModel",
+    "ServedPhase",
     "StageSpec",
     "load_cluster",
+    "model_arch",
     "parse_cluster",
     "parse_instances",
+    "served_phase",
 ]
 
 
 # ------------------------------------------------------------------------ domain
 
+#: Runtime only: an instance that runs a request's prefill and decode itself (no KV hand-off).
+#: Plans never hold one (DESIGN §1: everything is PD disaggregated); hand-written clusters may.
+MIXED: Final = "mixed"
+#: What a runtime instance serves: one phase of the domain's `Phase`, or both.
+ServedPhase = Phase | Literal["mixed"]
+
+# HF `model_type` -> the `architectures` entry the catalog's `from_hf_config` reads, for configs
+# (the built-in tiny ones, hand-written hf_config dicts) that name only their model_type.
+_ARCHITECTURE_OF_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                         "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                         "gpt_oss": "GptOssForCausalLM", "phi3": "Phi3ForCausalLM"}
+
+
+def served_phase(value: str | Phase) -> ServedPhase:
+    """`prefill` / `decode` as the domain's `Phase`, `mixed` as :data:`MIXED`.
+
+    Raises:
+        ValueError: any other value.
+    """
+    if value == MIXED:
+        return MIXED
+    try:
+        return Phase(value)
+    except ValueError:
+        raise ValueError(f"phase must be prefill, decode or mixed, got {value!r}") from None
+
+
+def model_arch(config: dict[str, Any], name: str) -> ModelSpec | None:
+    """The catalog's `ModelSpec` (the shape the performance model and the plans use) of an HF-style
+    config, or None for an architecture the performance model does not know (the runtime still
+    serves it; a plan cannot name it)."""
+    cfg = dict(config)
+    if not cfg.get("architectures") and cfg.get("model_type") in _ARCHITECTURE_OF_TYPE:
+        cfg["architectures"] = [_ARCHITECTURE_OF_TYPE[cfg["model_type"]]]
+    try:
+        return from_hf_config(cfg, name)
+    except (CoralError, ValueError, TypeError):
+        return None
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
-    """A served model and where its weights come from."""
+class ServedModel:
+    """A served model: its HF config and architecture, where its weights come from, its tokenizer."""
 
     name: str
-    config: dict[str, Any]
+    config: dict[str, Any]  # the HF-style config the engines build their layers from
     seed: int | None
     weights_path: str | None
     max_context: int
     tokenizer_path: str | None = None  # tokenizer.json or its folder; None = byte tokenizer
     chat_template: str | None = None
+    spec: ModelSpec | None = None  # the catalog's architecture of `config` (None: not one it models)
 
     def __post_init__(self) -> None:
         if (self.seed is None) == (self.weights_path is None):
             raise ValueError(f"model {self.name!r}: give exactly one of seed and weights")
+        if self.spec is not None and self.spec.num_layers != int(self.config["num_hidden_layers"]):
+            raise ValueError(f"model {self.name!r}: spec has {self.spec.num_layers} layers, config "
+                             f"{self.config['num_hidden_layers']}")
 
     @property
     def num_layers(self) -> int:
         """Decoder layers of the model."""
-        return int(self.config["num_hidden_layers"])
+        return self.spec.num_layers if self.spec is not None else int(self.config["num_hidden_layers"])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +112,7 @@ class StageSpec:
     node_throughputs: tuple[float, ...]
     tp: int = 1  # devices per node (tensor parallelism inside the node)
     devices: tuple[str, ...] = ()  # first device of each node ("cuda:N"); () = assigned per host
+    configs: tuple[str, ...] = ()  # each node's configuration (e.g. "4xL40S") when a plan placed it; () = unplaced
 
     def __post_init__(self) -> None:
         if not 0 <= self.layer_start < self.layer_end:
@@ -76,6 +126,8 @@ class StageSpec:
         bad = [d for d in self.devices if not (d == "cpu" or (d.startswith("cuda:") and d[5:].isdigit()))]
         if bad:
             raise ValueError(f"device {bad[0]!r} is not cpu or cuda:N")
+        if self.configs and len(self.configs) != len(self.node_throughputs):
+            raise ValueError(f"configs lists {len(self.configs)} configuration(s) for {len(self.node_throughputs)} node(s)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +136,7 @@ class InstanceSpec:
 
     name: str
     model: str
-    phase: str
+    phase: ServedPhase  # a plain "prefill" / "decode" string is taken as the Phase
     region: str
     throughput_tok_per_s: float
     stages: tuple[StageSpec, ...]
@@ -92,8 +144,10 @@ class InstanceSpec:
     weights_path: str | None
 
     def __post_init__(self) -> None:
-        if self.phase not in ("prefill", "decode", "mixed"):
-            raise ValueError(f"instance {self.name!r}: phase must be prefill, decode or mixed")
+        try:
+            object.__setattr__(self, "phase", served_phase(self.phase))
+        except ValueError as e:
+            raise ValueError(f"instance {self.name!r}: {e}") from None
         if not self.stages or self.stages[0].layer_start != 0:
             raise ValueError(f"instance {self.name!r}: the first stage must start at layer 0")
         for a, b in zip(self.stages, self.stages[1:], strict=False):
@@ -111,7 +165,7 @@ class ClusterSpec:
     device: str
     dtype: str
     torch_threads: int
-    models: tuple[ModelSpec, ...]
+    models: tuple[ServedModel, ...]
     instances: tuple[InstanceSpec, ...]
     admin_key: str | None = None
     curve_keys_dir: str | None = None
@@ -130,7 +184,7 @@ class ClusterSpec:
     metrics_require_key: bool = False
     kv_cache_gib: float = 0.0  # each engine node's KV budget; 0 = from its device's memory
 
-    def model(self, name: str) -> ModelSpec:
+    def model(self, name: str) -> ServedModel:
         """The model of that name (validated to exist)."""
         return next(m for m in self.models if m.name == name)
 
@@ -168,6 +222,9 @@ class StageFile(_Strict):
     nodes: int | list[float] = Field(1, description="Node count, or one relative throughput per node (WRR weights).")
     tp: int = Field(1, ge=1, description="GPUs per node: the node's layers run tensor-parallel over them (torch.distributed; gloo on CPU).")
     devices: list[str] | None = Field(None, description="First device of each node, e.g. [cuda:0, cuda:2]; default: assigned per host in order.")
+    configs: list[str] | None = Field(None, description=(
+        "Node configuration of each node, e.g. [4xL40S, 4xL40S] (`coral serve --plan` fills it in): the Ray "
+        "provisioner places each node on a Ray node of that GPU type; default: unplaced."))
 
 
 class InstanceFile(_Strict):
@@ -296,8 +353,8 @@ def parse_instances(data: Any, cluster: ClusterSpec, source: str = "plan") -> tu
     return tuple(_instances(f.instances, list(cluster.models), source))
 
 
-def _models(files: list[ModelFile]) -> list[ModelSpec]:
-    models: list[ModelSpec] = []
+def _models(files: list[ModelFile]) -> list[ServedModel]:
+    models: list[ServedModel] = []
     for m in files:
         seed, path = _weights(m.weights, f"model {m.name}")
         cfg = model_config_dict(m.builtin, m.hf_config, path)
@@ -306,7 +363,8 @@ def _models(files: list[ModelFile]) -> list[ModelSpec]:
             from coral.runtime.serving.tokenizer import load_tokenizer
 
             load_tokenizer(m.tokenizer, m.chat_template, int(cfg.get("vocab_size", 0)), m.name)  # fail at load, not per request
-        models.append(ModelSpec(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer, chat_template=m.chat_template))
+        models.append(ServedModel(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer,
+                                  chat_template=m.chat_template, spec=model_arch(cfg, m.name)))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise CoralError("duplicate model names")
@@ -323,7 +381,7 @@ def _check_tp(cfg: dict[str, Any], tp: int, where: str) -> None:
             raise CoralError(f"{where}: tp {tp} must divide the model's {key} ({val})")
 
 
-def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) -> list[InstanceSpec]:
+def _instances(files: list[InstanceFile], models: list[ServedModel], source: str) -> list[InstanceSpec]:
     names = [m.name for m in models]
     by_name = {m.name: m for m in models}
     instances: list[InstanceSpec] = []
@@ -335,12 +393,12 @@ def _instances(files: list[InstanceFile], models: list[ModelSpec], source: str) 
             stages = tuple(
                 StageSpec(
                     layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes),
-                    tp=s.tp, devices=tuple(s.devices or ()),
+                    tp=s.tp, devices=tuple(s.devices or ()), configs=tuple(s.configs or ()),
                 )
                 for s in i.stages
             )
             spec = InstanceSpec(
-                name=i.name, model=i.model, phase=i.phase, region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
+                name=i.name, model=i.model, phase=served_phase(i.phase), region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
                 stages=stages, seed=seed, weights_path=path,
             )  # fmt: skip
         except ValueError as e:

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
+from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ServedModel
 
 __all__ = ["LocalProvisioner", "Provisioner"]
 
@@ -36,7 +36,7 @@ class Provisioner(ABC):
     """Starts and stops the processes of serving instances."""
 
     @abstractmethod
-    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:
+    def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:
         """Start an instance's scheduler and engine nodes; they register with ``coordinator``.
 
         Args:
@@ -157,7 +157,7 @@ class LocalProvisioner(Provisioner):
             raise CoralError(f"the engine launcher (zygote) died while starting {name}")
         self.engines[name] = int(answer)
 
-    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
+    def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
         host = cluster.host
         self.retired.discard(inst.name)
         common = {

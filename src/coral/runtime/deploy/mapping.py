@@ -53,7 +53,7 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
 
     Args:
         plan: the plan file.
-        models: served model name -> the cluster file's `ModelSpec` (weights or seed, layers).
+        models: served model name -> the cluster file's `ServedModel` (weights or seed, layers).
 
     Raises:
         CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
@@ -71,10 +71,10 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
             raise CoralError(f"{plan.path}: {inst.model} has {layers} layers in the plan but "
                              f"{m.num_layers} in the cluster file's config; they must be the same model")
         weights = node_weights(plan, inst)
-        stages = tuple(StageSpec(layer_start=st.layer_start, layer_end=st.layer_end, node_throughputs=w)
+        stages = tuple(StageSpec(layer_start=st.layer_start, layer_end=st.layer_end, node_throughputs=w, configs=st.nodes)
                        for st, w in zip(inst.stages, weights, strict=True))
         for r in range(inst.count):
-            specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=inst.phase.value,
+            specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=inst.phase,
                                       region=inst.region, throughput_tok_per_s=inst.throughput_tok_per_s,
                                       stages=stages, seed=m.seed, weights_path=m.weights_path))
     return specs

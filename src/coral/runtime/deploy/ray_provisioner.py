@@ -21,27 +21,77 @@ from typing import Any
 
 from coral.catalog.hardware import split_config_name
 from coral.errors import CoralError
-from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ModelSpec
+from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ServedModel
 from coral.runtime.provisioner import Provisioner, _free_port
 
-__all__ = ["RayProvisioner", "ray_capacity"]
+__all__ = ["RayProvisioner", "engine_device", "ray_capacity"]
 
 log = logging.getLogger(__name__)
 
 ACCELERATOR_SLIVER = 0.001  # per actor: enough to pin the GPU type, never the binding constraint
 
 
+def engine_device(gpu_ids: Sequence[int | str], rank: int = 0, world: int = 1) -> tuple[str, str]:
+    """The GPU an engine process of a Ray actor uses: `(CUDA_VISIBLE_DEVICES, torch device)`.
+
+    Ray gives a GPU actor the ids in `ray.get_gpu_ids()` and sets `CUDA_VISIBLE_DEVICES` to them, so
+    inside the actor its first GPU is `cuda:0` whatever its id on the host; the ranks of a
+    tensor-parallel node take `cuda:0 .. cuda:world-1` of the same set.
+
+    Args:
+        gpu_ids: what `ray.get_gpu_ids()` returned in the actor (empty: a CPU actor).
+        rank: the process's tensor-parallel rank.
+        world: the node's tensor-parallel degree.
+
+    Returns:
+        ("", "cpu") for a CPU actor, else (the ids joined by commas, f"cuda:{rank}").
+
+    Raises:
+        CoralError: more ranks than GPUs.
+    """
+    if not gpu_ids:
+        return "", "cpu"
+    if world > len(gpu_ids) or not 0 <= rank < world:
+        raise CoralError(f"tensor-parallel rank {rank} of {world} on a Ray actor with {len(gpu_ids)} GPU(s) "
+                         f"({list(gpu_ids)}); give the node at least tp GPUs")
+    return ",".join(str(i) for i in gpu_ids), f"cuda:{rank}"
+
+
 class _Process:
-    """Ray actor body: one runtime process, started, probed and stopped on request."""
+    """Ray actor body: the runtime processes of one engine node (its tensor-parallel ranks) or of a scheduler."""
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.devices: list[dict[str, Any]] = []  # per process: the GPU mapping it was started with
 
     def start(self, role: str, spec: dict[str, Any]) -> int:
+        """Start one process; an engine's shard runs on the GPU Ray gave this actor (:func:`engine_device`)."""
+        import ray
+
         spec = {**spec, "parent_pid": os.getpid()}
-        self.proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
-                                     stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        return self.proc.pid
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if role == "engine":
+            tp = spec.get("tp") or {}
+            ids = [str(i) for i in ray.get_gpu_ids()]
+            visible, device = engine_device(ids, int(tp.get("rank", 0)), int(tp.get("world", 1)))
+            if visible:
+                env["CUDA_VISIBLE_DEVICES"] = visible
+            shard = spec.get("shard")
+            if shard is not None and ids and shard.get("device") != "cpu":
+                # the cluster asks for a GPU: the one Ray gave, by its ordinal after the remap
+                shard = {**shard, "device": device}
+                spec = {**spec, "shard": shard, "device_index": int(device[5:])}
+            self.devices.append({"gpu_ids": ids, "cuda_visible_devices": visible, "device": device,
+                                 "engine_device": (shard or {}).get("device", "noop")})
+        proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
+                                stdin=subprocess.DEVNULL, env=env)
+        self.procs.append(proc)
+        return proc.pid
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Per process started: the GPU ids Ray gave, the CUDA_VISIBLE_DEVICES and device it maps them to,
+        and the device the engine runs on (cpu where the cluster file says so)."""
+        return list(self.devices)
 
     def node_id(self) -> str:
         """The Ray node this actor runs on."""
@@ -50,17 +100,19 @@ class _Process:
         return str(ray.get_runtime_context().get_node_id())
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        """Every process runs (a tensor-parallel node is lost with any of its ranks)."""
+        return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
     def stop(self, timeout_s: float) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=5)
 
 
 def ray_capacity() -> Counter[tuple[str, int]]:
@@ -116,6 +168,8 @@ class RayProvisioner(Provisioner):
         while name not in self.node_configs and "-" in name and name.rsplit("-", 1)[1].isdigit():
             name = name.rsplit("-", 1)[0]
         shape = [len(st.node_throughputs) for st in inst.stages]
+        if all(st.configs for st in inst.stages):  # placed by a plan: the spec carries its nodes' shapes
+            return [list(st.configs) for st in inst.stages]
         if name in self.node_configs:
             got = [list(s) for s in self.node_configs[name]]
             if [len(s) for s in got] != shape:
@@ -145,12 +199,17 @@ class RayProvisioner(Provisioner):
                                  f"cluster has {fits}: {n - fits} short; add {gpu} nodes or re-plan with fewer")
 
     # -- Provisioner ------------------------------------------------------------------------------
-    def start_instance(self, inst: InstanceSpec, model: ModelSpec, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
+    def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         configs = self.configs_of(inst)
+        for s, (stage, st) in enumerate(zip(configs, inst.stages, strict=True)):
+            for c in stage:
+                if c is not None and split_config_name(c)[0] < st.tp:
+                    raise CoralError(f"instance {inst.name} stage {s}: tp {st.tp} needs {st.tp} GPUs per node, its "
+                                     f"node {c} has {split_config_name(c)[0]}")
         self.retired.discard(inst.name)
         bundles: list[dict[str, float]] = [{"CPU": 0.05}]  # the scheduler
         for stage in configs:
@@ -192,14 +251,25 @@ class RayProvisioner(Provisioner):
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
             "host": host, "port": port, **common}, 0)
-        for i, n in enumerate(nodes):
+        tps = [st.tp for st in inst.stages for _ in st.node_throughputs]
+        for i, (n, tp) in enumerate(zip(nodes, tps, strict=True)):
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"],
-                "scheduler": f"tcp://{host}:{port}", "host": host, "threads": cluster.torch_threads, **common,
+                "scheduler": f"tcp://{host}:{port}", "host": host, "threads": cluster.torch_threads,
+                "kv_cache_gib": cluster.kv_cache_gib, **common,
                 "shard": {"config": model.config, "layer_start": n["layer_start"], "layer_end": n["layer_end"],
                           "seed": inst.seed, "weights_path": inst.weights_path, "device": cluster.device,
                           "dtype": cluster.dtype}}
-            spawn(f"{inst.name}/{n['stage']}/{n['node_index']}", "engine", spec, i + 1)
+            name = f"{inst.name}/{n['stage']}/{n['node_index']}"
+            if tp == 1:
+                spawn(name, "engine", spec, i + 1)
+                continue
+            # a tensor-parallel node: its ranks run in the node's one actor, over the GPUs Ray gave it
+            rendezvous = f"tcp://{host}:{_free_port(host)}"
+            spawn(name, "engine", {**spec, "tp": {"rank": 0, "world": tp, "init_method": rendezvous}}, i + 1)
+            for rank in range(1, tp):
+                self.pids_[f"{name}/tp{rank}"] = ray.get(self.actors[name].start.remote(
+                    "engine", {**spec, "tp": {"rank": rank, "world": tp, "init_method": rendezvous}}), timeout=60)
 
     @staticmethod
     def _instance_of(proc_name: str) -> str:
@@ -212,6 +282,12 @@ class RayProvisioner(Provisioner):
     def actor(self, proc_name: str) -> Any:
         """The Ray actor running process `proc_name` (e.g. `b/1/0`), for tests that kill one."""
         return self.actors[proc_name]
+
+    def placement(self, proc_name: str) -> list[dict[str, Any]]:
+        """The GPU mapping of engine node `proc_name`'s processes (its TP ranks): see `_Process.placement`."""
+        import ray
+
+        return list(ray.get(self.actors[proc_name].placement.remote(), timeout=30))
 
     def _alive(self, names: list[str]) -> dict[str, bool]:
         import ray
@@ -267,7 +343,8 @@ class RayProvisioner(Provisioner):
             except Exception:
                 pass
             del self.actors[n]
-            self.pids_.pop(n, None)
+        for n in [n for n in self.pids_ if self._instance_of(n) == name]:
+            del self.pids_[n]
         pg = self.groups.pop(name, None)
         if pg is not None:
             ray.util.remove_placement_group(pg)
