@@ -93,3 +93,56 @@ def test_dry_run_serves_the_first_plan_and_only_logs_later_changes() -> None:
         assert 200 == s
     finally:
         dep.stop()
+
+
+def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(tmp_path: Path, caplog) -> None:
+    """`planner: allocator` with `--plan`: an idle epoch re-plans the scenario down to its floor; the dry
+    run logs the drains with their templates' node shapes and does nothing; then they are carried out."""
+    import logging
+
+    from coral.runtime.deploy.mapping import cluster_from_plan
+    from coral.runtime.deploy.plan_file import load_plan_file
+    from coral.runtime.planner import PlanPlanner
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump({**PHI, "models": [{**PHI["models"][0], "workload": {
+        **PHI["models"][0]["workload"], "rate_per_s": 12}}]}))  # enough traffic for several instances
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    pf = load_plan_file(plan)
+    cluster = cluster_from_plan(parse_cluster(_cluster(40)), pf)
+    assert len(cluster.instances) > 2
+    planner = PlanPlanner.from_plan(pf, {m.name: m for m in cluster.models})
+    dep = Deployment(cluster, http_port=0, planner=planner, dry_run=True)
+    dep.start(timeout_s=240)
+    try:
+        coord, ctl = dep.coordinator, dep.controller
+        assert coord is not None
+        s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": [1, 2], "max_tokens": 2})
+        assert 200 == s, b
+        with caplog.at_level(logging.WARNING, logger="coral.runtime.lifecycle"):
+            actions = ctl.epoch()  # two tokens in an epoch: far below the plan's demand
+        drains = sorted(a.name for a in actions if a.kind == "drain")
+        assert drains, "an idle cluster kept every instance"
+        entry = ctl.history[-1]
+        assert entry["dry_run"] is True and {("drain", n) for n in drains} <= set(entry["actions"])
+        configs = {c.name for c in pf.scenario.configs}
+        for t in entry["templates"]:  # e.g. phi-4/prefill/4xL40S in aws:us-east-2
+            model, phase, rest = t.split("/", 2)
+            assert model == "phi-4" and phase in ("prefill", "decode")
+            assert set(rest.split(" in ")[0].split("+")) <= configs
+        assert any("would drain" in r.getMessage() and "in aws:us-east-2" in r.getMessage() for r in caplog.records)
+        assert {i.name for i in cluster.instances} == set(coord.instances)  # nothing was done
+        assert not coord.retired
+        ctl.dry_run = False
+        ctl.apply_plan(ctl.target)  # the same re-plan, carried out
+        from .conftest import wait_until
+
+        assert wait_until(lambda: set(drains) <= set(coord.retired), 60)
+        assert planner.last_plan is not None
+        left = set(coord.instances) - set(coord.retired)
+        assert len(left) == sum(i.count for i in planner.last_plan.instances)
+        s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": [3, 4], "max_tokens": 2})
+        assert 200 == s, b
+    finally:
+        dep.stop()

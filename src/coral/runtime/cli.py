@@ -26,7 +26,9 @@ __all__ = ["keys", "serve"]
 @click.option("--ready-file", type=click.Path(dir_okay=False), default=None, help="Write the HTTP base URL here once serving (for scripts).")
 @click.option("--plan", "plan_path", type=click.Path(dir_okay=False), default=None, help=(
     "Serve this plan file's instances (count, stages, layer ranges, per-node routing weights from each template) "
-    "instead of the cluster file's; the cluster file still gives the models' weights and the runtime settings."))
+    "instead of the cluster file's; the cluster file still gives the models' weights and the runtime settings. "
+    "With coordinator.planner 'allocator', each epoch re-plans over the plan's scenario (its templates, prices, "
+    "availability) on the observed demand."))
 @click.option("--scenario", "scenario_name", default=None, help="With --plan: the plan's scenario (default: the one it names).")
 @click.option("--provisioner", "provisioner_name", type=click.Choice(["local", "ray"]), default="local", show_default=True, help=(
     "local: child processes on this machine; ray: Ray actors, one placement group per instance, placed by "
@@ -47,21 +49,26 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
         if ready_file:  # refused before any process starts, not after
             check_output_path(ready_file, "--ready-file", folder=False)
         cluster = load_cluster(config_path)
-        node_configs: dict[str, list[list[str]]] = {}
+        plan_file = None
         if plan_path:
-            from coral.runtime.deploy.mapping import cluster_from_plan_file, plan_node_configs
+            from coral.runtime.deploy.mapping import cluster_from_plan
             from coral.runtime.deploy.plan_file import load_plan_file
 
-            cluster = cluster_from_plan_file(cluster, plan_path, scenario_name)
-            node_configs = plan_node_configs(load_plan_file(plan_path, scenario_name))
+            plan_file = load_plan_file(plan_path, scenario_name)
+            cluster = cluster_from_plan(cluster, plan_file)
         provisioner: Any = LocalProvisioner(log_level=log_level)
         if provisioner_name == "ray":
             from coral.runtime.deploy.ray_provisioner import RayProvisioner
 
-            provisioner = RayProvisioner(node_configs, address=ray_address, log_level=log_level)
+            # a plan's instances carry each node's configuration: the provisioner places by it
+            provisioner = RayProvisioner(address=ray_address, log_level=log_level)
             provisioner.check_capacity(cluster.instances)
-        planner = None
-        if cluster.planner == "allocator":
+        planner: Any = None
+        if cluster.planner == "allocator" and plan_file is not None:
+            from coral.runtime.planner import PlanPlanner
+
+            planner = PlanPlanner.from_plan(plan_file, {m.name: m for m in cluster.models})
+        elif cluster.planner == "allocator":
             from coral.runtime.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)

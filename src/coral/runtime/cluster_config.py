@@ -257,8 +257,9 @@ class CoordinatorFile(_Strict):
     epoch_s: float = Field(0.0, ge=0, description="Re-planning period (measure demand, plan, reconcile); 0 = only on request.")
     planner: Literal["none", "allocator"] = Field("none", description=(
         "What re-plans each epoch: 'none' keeps the last pushed plan (replacing lost capacity); 'allocator' "
-        "runs the allocation ILP over the file's instance shapes on the observed demand."))
-    max_nodes: int = Field(64, ge=1, description="With planner 'allocator': most engine processes per region.")
+        "runs the allocation ILP on the observed demand: with `coral serve --plan`, over the plan's scenario "
+        "(templates, prices, availability, SLO-sized capacity); alone, over the file's instance shapes."))
+    max_nodes: int = Field(64, ge=1, description="With planner 'allocator' and no --plan: most engine processes per region.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest HTTP request body.")
     max_message_mib: float = Field(256.0, gt=0, description="Largest ZeroMQ message (the KV hand-off of a long prompt is the biggest).")
     idle_timeout_s: float = Field(5.0, gt=0, description="An HTTP connection without a request this long is closed (before its first request and between requests).")

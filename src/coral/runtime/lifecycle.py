@@ -28,7 +28,7 @@ from coral.runtime.cluster_config import ClusterSpec, InstanceSpec
 from coral.runtime.coordinator import Coordinator
 from coral.runtime.provisioner import Provisioner
 
-__all__ = ["Action", "Controller", "Demand", "Planner", "reconcile", "shape_key"]
+__all__ = ["Action", "Controller", "Demand", "Planner", "describe", "reconcile", "shape_key"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,16 @@ Planner = Callable[[Demand, tuple[InstanceSpec, ...]], Sequence[InstanceSpec]]
 def shape_key(spec: InstanceSpec) -> tuple[Any, ...]:
     """What makes two instances interchangeable: everything but the name."""
     return (spec.model, spec.phase, spec.region, spec.throughput_tok_per_s, spec.stages, spec.seed, spec.weights_path)
+
+
+def describe(spec: InstanceSpec) -> str:
+    """What an instance runs, for logs: `model/phase/4xL40S+1xL4 in region` (its nodes' configurations
+    when a plan placed it, else its stages' node counts)."""
+    if all(st.configs for st in spec.stages):
+        nodes = "+".join(sorted(c for st in spec.stages for c in st.configs))
+    else:
+        nodes = "|".join(str(len(st.node_throughputs)) for st in spec.stages) + " node(s)"
+    return f"{spec.model}/{spec.phase}/{nodes} in {spec.region}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -181,8 +191,10 @@ class Controller:
         if self.dry_run and self._applied:
             planned = [(a.kind, a.name) for a in actions if a.kind != "keep"]
             if planned:
-                self.history.append({"t": t, "actions": planned, "dry_run": True})
-                log.warning("controller (dry run, nothing done): would %s", ", ".join(f"{k} {n}" for k, n in planned))
+                self.history.append({"t": t, "actions": planned, "dry_run": True,
+                                     "templates": [describe(a.spec) for a in actions if a.kind != "keep"]})
+                log.warning("controller (dry run, nothing done): would %s",
+                            ", ".join(f"{a.kind} {a.name} ({describe(a.spec)})" for a in actions if a.kind != "keep"))
             return actions
         self._applied = True
         for a in actions:

@@ -66,6 +66,9 @@ class PlanFile:
     cost_usd_per_h: float
     instances: tuple[PlannedInstance, ...]
     nodes: dict[tuple[str, str], int]  # (region, config) -> nodes the plan rents
+    availability: str = "abundant"  # the availability mode it was planned under (`coral plan --availability`)
+    demand_scale: float = 1.0  # `coral plan --demand-scale`
+    engine: str = "coral"  # `coral plan --engine`: the templates it was restricted to
 
     def nodes_of_instances(self) -> dict[tuple[str, str], int]:
         """(region, config) -> nodes its instances use (equals `nodes` in a consistent file)."""
@@ -163,7 +166,9 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
     nodes_used = {(n["region"], n["config"]): int(n["count"]) for n in _field(data, "nodes", path) if int(n["count"])}
     plan = PlanFile(path=path, scenario=scenario, method=str(data.get("method", "")), status=str(data.get("status", "")),
                     cost_usd_per_h=float(_field(data, "cost_usd_per_h", path)), instances=tuple(instances),
-                    nodes=nodes_used)
+                    nodes=nodes_used, availability=str(data.get("availability") or "abundant"),
+                    demand_scale=float(data.get("demand_scale") or 1.0),
+                    engine=str((data.get("engine_restriction") or {}).get("engine", "coral")))
     if plan.nodes_of_instances() != nodes_used:
         raise CoralError(f"{path}: field 'nodes' does not match the nodes of its instances; the file was edited "
                          "or truncated: re-run `coral plan --out`")
