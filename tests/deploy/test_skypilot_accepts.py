@@ -30,7 +30,10 @@ for path in sys.argv[1:]:
     acc = catalog.get_accelerators_from_instance_type(res.instance_type, clouds="aws") if res.instance_type else None
     out.append({"file": path, "num_nodes": task.num_nodes, "cloud": str(res.cloud).lower(), "region": res.region,
                 "accelerators": res.accelerators, "instance_type": res.instance_type, "catalog_accelerators": acc,
-                "run": task.run, "envs": task.envs})
+                "run": task.run, "envs": task.envs, "ports": sorted(res.ports or []),
+                "ports_expanded": sorted({p for spec in (res.ports or []) for p in
+                                          (range(int(spec.split("-")[0]), int(spec.split("-")[-1]) + 1)
+                                           if isinstance(spec, str) else [int(spec)])})})
 print(json.dumps(out))
 """
 
@@ -71,8 +74,16 @@ def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
     tasks = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(files) == len(tasks)
     total: dict[tuple[str, str], int] = {}
+    (control,) = [t for t in tasks if t["accelerators"] is None]  # one CPU task: the control plane
+    assert control["file"].endswith("00-control-plane.yaml") and 1 == control["num_nodes"]
+    assert "--provisioner remote" in control["run"] and 8000 in control["ports_expanded"]
     for t in tasks:
         assert t["cloud"] == "aws"
+        if t is control:
+            continue
+        # every engine task dials the control plane, and knows its node's address and scheduler port
+        assert "CORAL_CONTROL_HOST" in t["envs"] and "SKYPILOT_NODE_IPS" in t["run"]
+        assert int(t["envs"]["CORAL_SCHEDULER_PORT"]) in control["ports_expanded"]
         # the instance type SkyPilot's catalog knows carries exactly the accelerators the task asks for
         assert t["catalog_accelerators"] == t["accelerators"]
         ((gpu, count),) = t["accelerators"].items()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -30,9 +31,11 @@ __all__ = ["keys", "serve"]
     "With coordinator.planner 'allocator', each epoch re-plans over the plan's scenario (its templates, prices, "
     "availability) on the observed demand."))
 @click.option("--scenario", "scenario_name", default=None, help="With --plan: the plan's scenario (default: the one it names).")
-@click.option("--provisioner", "provisioner_name", type=click.Choice(["local", "ray"]), default="local", show_default=True, help=(
+@click.option("--provisioner", "provisioner_name", type=click.Choice(["local", "ray", "remote"]), default="local", show_default=True, help=(
     "local: child processes on this machine; ray: Ray actors, one placement group per instance, placed by "
-    "accelerator_type (with --plan, each node's GPU type; the plan is refused when the Ray cluster is short)."))
+    "accelerator_type (with --plan, each node's GPU type; the plan is refused when the Ray cluster is short); "
+    "remote: only the schedulers run here, each on its instance's scheduler_port, and the engine nodes are started "
+    "elsewhere and dial in (the control plane of `coral export --format skypilot`, docs/deploy.md)."))
 @click.option("--ray-address", default=None, help="With --provisioner ray: the Ray cluster to join (default: a local one).")
 @click.option("--dry-run", is_flag=True, help=(
     "Serve the first plan, then only log the actions later plan changes (epochs, /admin/plan) would take."))
@@ -56,7 +59,20 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
 
             plan_file = load_plan_file(plan_path, scenario_name)
             cluster = cluster_from_plan(cluster, plan_file)
+            if provisioner_name == "remote":  # numbered as the SkyPilot export's engine tasks dial them
+                from coral.runtime.deploy.mapping import with_scheduler_ports
+
+                cluster = dataclasses.replace(cluster, instances=tuple(with_scheduler_ports(plan_file, list(cluster.instances))))
         provisioner: Any = LocalProvisioner(log_level=log_level)
+        if provisioner_name == "remote":
+            unported = [i.name for i in cluster.instances if i.scheduler_port is None]
+            if unported:
+                raise CoralError(f"--provisioner remote: instance {unported[0]} has no scheduler_port; engines started "
+                                 "elsewhere dial a fixed one: set scheduler_port on every instance, or pass --plan")
+            if cluster.planner != "none" and not dry_run:
+                raise CoralError("--provisioner remote cannot start engines for a re-plan: set coordinator.planner "
+                                 "to none (re-export the new plan instead), or pass --dry-run to only log it")
+            provisioner = LocalProvisioner(log_level=log_level, start_engines=False)
         if provisioner_name == "ray":
             from coral.runtime.deploy.ray_provisioner import RayProvisioner
 

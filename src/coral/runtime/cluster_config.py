@@ -142,6 +142,7 @@ class InstanceSpec:
     stages: tuple[StageSpec, ...]
     seed: int | None
     weights_path: str | None
+    scheduler_port: int | None = None  # a fixed port for its scheduler (engines started elsewhere dial it)
 
     def __post_init__(self) -> None:
         try:
@@ -237,6 +238,9 @@ class InstanceFile(_Strict):
     throughput_tok_per_s: float = Field(1.0, gt=0, description="Router weight (the template's throughput).")
     stages: list[StageFile] = Field(min_length=1, description="Stages in order, covering every layer.")
     weights: WeightsFile | None = Field(None, description="Override the model's weights for this instance.")
+    scheduler_port: int | None = Field(None, ge=1, le=65535, description=(
+        "Fixed port of the instance's scheduler, for engines started elsewhere (`coral serve --provisioner "
+        "remote`, the SkyPilot export's engine tasks); default any free one."))
 
 
 class CoordinatorFile(_Strict):
@@ -400,7 +404,7 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
             )
             spec = InstanceSpec(
                 name=i.name, model=i.model, phase=served_phase(i.phase), region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
-                stages=stages, seed=seed, weights_path=path,
+                stages=stages, seed=seed, weights_path=path, scheduler_port=i.scheduler_port,
             )  # fmt: skip
         except ValueError as e:
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None
@@ -413,6 +417,9 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
         instances.append(spec)
     if len({i.name for i in instances}) != len(instances):
         raise CoralError(f"{source}: duplicate instance names")
+    ports = [i.scheduler_port for i in instances if i.scheduler_port is not None]
+    if len(set(ports)) != len(ports):
+        raise CoralError(f"{source}: two instances have the same scheduler_port; give each its own")
     return instances
 
 

@@ -17,6 +17,7 @@ finishes the ones it holds, then exits.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -105,10 +106,8 @@ def reconcile(desired: Sequence[InstanceSpec], running: Mapping[str, InstanceSpe
 
 
 def _renamed(spec: InstanceSpec, name: str) -> InstanceSpec:
-    return InstanceSpec(
-        name=name, model=spec.model, phase=spec.phase, region=spec.region, throughput_tok_per_s=spec.throughput_tok_per_s,
-        stages=spec.stages, seed=spec.seed, weights_path=spec.weights_path,
-    )  # fmt: skip
+    # a fixed scheduler port belongs to the name it was given for (the old one may still drain on it)
+    return dataclasses.replace(spec, name=name, scheduler_port=spec.scheduler_port if name == spec.name else None)
 
 
 class Controller:

@@ -101,12 +101,15 @@ def _free_port(host: str) -> int:
 class LocalProvisioner(Provisioner):
     """Every process is a child of this one (``python -m coral.runtime.worker``)."""
 
-    def __init__(self, noop_engines: bool = False, log_level: str = "WARNING") -> None:
+    def __init__(self, noop_engines: bool = False, log_level: str = "WARNING", *, start_engines: bool = True) -> None:
         """Args:
         noop_engines: start engines that do no maths (to measure the runtime's overhead).
         log_level: children's logging level.
+        start_engines: False: start only each instance's scheduler (on its `scheduler_port`); its
+            engine nodes are started elsewhere and dial in (`coral serve --provisioner remote`).
         """
         self.noop = noop_engines
+        self.start_engines = start_engines
         self.log_level = log_level
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)
@@ -165,7 +168,7 @@ class LocalProvisioner(Provisioner):
             "heartbeat_timeout_s": cluster.heartbeat_timeout_s, "max_message_bytes": cluster.max_message_bytes,
             "kv_cache_gib": cluster.kv_cache_gib,
         }  # fmt: skip
-        sched_addr_port = _free_port(host)
+        sched_addr_port = inst.scheduler_port or _free_port(host)
         scheduler = f"tcp://{host}:{sched_addr_port}"
         nodes = []
         placement: list[tuple[int, str, int]] = []  # per node: TP degree, device, first device index
@@ -183,6 +186,8 @@ class LocalProvisioner(Provisioner):
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
             "host": host, "port": sched_addr_port, **common,
         })  # fmt: skip
+        if not self.start_engines:
+            return
         for n, (tp, device, index) in zip(nodes, placement, strict=True):
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"], "scheduler": scheduler,

@@ -1,10 +1,14 @@
 """`coral export`: a plan file as SkyPilot task YAMLs or `vllm serve` commands.
 
-SkyPilot: one task per (instance line, node configuration) of the plan: a task's nodes share
+SkyPilot: a control-plane task (one CPU node: the coordinator, the HTTP front end and every
+instance's scheduler on a fixed port, `coral serve --provisioner remote` over the plan's instances)
+and one engine task per (instance line, node configuration) of the plan: a task's nodes share
 one `resources` entry, so a heterogeneous template spans several tasks. `num_nodes` is the
-instance count times the template's nodes of that configuration, so the tasks' nodes add up to
-the plan's per (region, configuration). Each node's `run` picks its replica, stage and layer
-range from `SKYPILOT_NODE_RANK` and starts a Coral engine node with those layers.
+instance count times the template's nodes of that configuration, so the engine tasks' nodes add
+up to the plan's per (region, configuration). Each node's `run` picks its replica, stage and layer
+range from `SKYPILOT_NODE_RANK`, its own address from `SKYPILOT_NODE_IPS`, and starts a Coral
+engine node (its tensor-parallel ranks on an n-GPU node) that dials its scheduler at
+`$CORAL_CONTROL_HOST` (docs/deploy.md has the launch order).
 
 vLLM: one `vllm serve` command per instance line whose template vLLM can express
 (:mod:`coral.runtime.deploy.vllm`), with the pipeline and tensor sizes, the uneven layer
@@ -26,9 +30,10 @@ import yaml
 
 from coral.atomic import building_dir
 from coral.catalog.hardware import split_config_name
-from coral.catalog.models import builtin_hf_id, builtin_model_names
+from coral.catalog.models import ModelSpec, builtin_hf_id, builtin_model_names
 from coral.errors import CoralError
 from coral.perf.model import Phase
+from coral.runtime.deploy.mapping import SCHEDULER_BASE_PORT, scheduler_port
 from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
 from coral.runtime.deploy.vllm import vllm_reason
 
@@ -39,8 +44,10 @@ SKYPILOT_ACCELERATOR = {"A100-40GB": "A100", "V100-16GB": "V100"}
 # Clouds SkyPilot names as Coral's region prefixes do.
 SKYPILOT_CLOUDS = ("aws", "gcp", "azure", "lambda", "runpod", "oci", "nebius", "kubernetes")
 
-SCHEDULER_BASE_PORT = 47000  # replica r of instance line i dials port base + 100*i + r on the control host
+HTTP_PORT = 8000  # the control plane's OpenAI-compatible front end
+TP_RENDEZVOUS_PORT = 29500  # a multi-GPU engine node's tensor-parallel ranks meet here (on the node itself)
 NIXL_SIDE_CHANNEL_PORT = 5600
+CONTROL_PLANE = "00-control-plane"  # the SkyPilot task of the coordinator, HTTP front end and schedulers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +90,16 @@ def _hf_id(model_spec_name: str) -> str:
     return builtin_hf_id(model_spec_name) if model_spec_name in builtin_model_names() else model_spec_name
 
 
+def engine_tp(spec: ModelSpec, gpus: int) -> int:
+    """The tensor-parallel degree a Coral engine runs on a node of `gpus` GPUs: the largest that
+    divides the GPUs and the model's heads, KV heads and MLP width (1 for a mixture of experts,
+    which the engine's tensor parallelism does not split)."""
+    if spec.is_moe:
+        return 1
+    return max(t for t in range(1, gpus + 1) if gpus % t == 0 and spec.num_heads % t == 0
+               and spec.num_kv_heads % t == 0 and spec.intermediate_size % t == 0)
+
+
 def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
     """The nodes of `config` in every replica of `inst`, in rank order: replica, stage, node index, layers."""
     out = []
@@ -93,6 +110,45 @@ def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
                     out.append({"replica": r, "stage": s, "node_index": k, "layer_start": st.layer_start,
                                 "layer_end": st.layer_end})
     return out
+
+
+# The engine node's launcher, run by each node of an engine task: the spec of `python -m
+# coral.runtime.worker engine` with this node's layers, its address, and its scheduler's.
+_ENGINE_PY = """\
+import json, os, signal, subprocess, sys
+e = os.environ
+tp = int(e['CORAL_TP'])
+spec = {
+    'instance_id': f"{e['CORAL_INSTANCE_PREFIX']}-r{e['REPLICA']}", 'stage': int(e['STAGE']),
+    'node_index': int(e['NODE']), 'host': e['CORAL_NODE_HOST'], 'threads': int(e['CORAL_TORCH_THREADS']),
+    'parent_pid': os.getpid(),
+    'scheduler': f"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}",
+    'device_index': 0,
+    'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),
+              'layer_start': int(e['LAYER_START']), 'layer_end': int(e['LAYER_END']),
+              'weights_path': e['CORAL_WEIGHTS'], 'device': e['CORAL_DEVICE'], 'dtype': e['CORAL_DTYPE']},
+}
+# rank 0 is the node its scheduler talks to; on an n-GPU node ranks 1..tp-1 follow it on cuda:1..
+ranks = [dict(spec, tp={'rank': r, 'world': tp, 'init_method': f"tcp://127.0.0.1:{e['CORAL_TP_PORT']}"})
+         for r in range(tp)] if tp > 1 else [spec]
+procs = [subprocess.Popen([sys.executable, '-m', 'coral.runtime.worker', 'engine', json.dumps(s)],
+                          start_new_session=True) for s in ranks]
+
+
+def stop(*_):
+    for p in procs:  # rank 0 first: it stops its followers itself
+        if p.poll() is None:
+            p.terminate()
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+sys.exit(max(p.wait() for p in procs))
+"""
 
 
 def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
@@ -108,27 +164,20 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
         f"LAYER_START={e['layer_start']} LAYER_END={e['layer_end']} ;;" for n, e in enumerate(table))
     run = (
         "set -euo pipefail\n"
+        ': "${CORAL_CONTROL_HOST:?launch the control plane first, then pass --env CORAL_CONTROL_HOST=<its IP>}"\n'
         "# This node's place in the plan: its replica, pipeline stage, node index and layers.\n"
         'case "$SKYPILOT_NODE_RANK" in\n'
         f"{cases}\n"
         '  *) echo "node rank $SKYPILOT_NODE_RANK is not in the plan" >&2; exit 1 ;;\n'
         "esac\n"
-        "export REPLICA STAGE NODE LAYER_START LAYER_END\n"
+        "# The address the scheduler and the other stages reach this node at: its line of SKYPILOT_NODE_IPS\n"
+        "# (the cloud network's), or what $CORAL_HOST_CMD prints (e.g. `tailscale ip -4` for a mesh across regions).\n"
+        'if [ -n "${CORAL_HOST_CMD:-}" ]; then CORAL_NODE_HOST=$(eval "$CORAL_HOST_CMD"); '
+        'else CORAL_NODE_HOST=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK + 1))p"); fi\n'
+        "export REPLICA STAGE NODE LAYER_START LAYER_END CORAL_NODE_HOST\n"
         'echo "coral engine: ${CORAL_INSTANCE_PREFIX}-r${REPLICA} stage ${STAGE} node ${NODE} '
-        'layers [${LAYER_START}, ${LAYER_END})"\n'
-        "python - <<'PY'\n"
-        "import json, os, subprocess, sys\n"
-        "e = os.environ\n"
-        "spec = {\n"
-        "    'instance_id': f\"{e['CORAL_INSTANCE_PREFIX']}-r{e['REPLICA']}\", 'stage': int(e['STAGE']),\n"
-        "    'node_index': int(e['NODE']), 'host': '0.0.0.0', 'threads': 8, 'parent_pid': os.getpid(),\n"
-        "    'scheduler': f\"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}\",\n"
-        "    'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),\n"
-        "              'layer_start': int(e['LAYER_START']), 'layer_end': int(e['LAYER_END']),\n"
-        "              'weights_path': e['CORAL_WEIGHTS'], 'device': 'cuda', 'dtype': 'bfloat16'},\n"
-        "}\n"
-        "sys.exit(subprocess.call([sys.executable, '-m', 'coral.runtime.worker', 'engine', json.dumps(spec)]))\n"
-        "PY\n"
+        'layers [${LAYER_START}, ${LAYER_END}) at ${CORAL_NODE_HOST}, tp ${CORAL_TP}"\n'
+        "python - <<'PY'\n" + _ENGINE_PY + "PY\n"
     )
     task: dict[str, object] = {
         "name": f"coral-{inst.name}-{config}".lower(),
@@ -136,20 +185,97 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
         "resources": resources,
         "envs": {
             "CORAL_INSTANCE_PREFIX": inst.name,
-            "CORAL_CONTROL_HOST": "",  # where the coordinator and this instance's schedulers run (set with --env)
-            "CORAL_SCHEDULER_PORT": str(SCHEDULER_BASE_PORT + 100 * inst.index),
+            "CORAL_CONTROL_HOST": "",  # the control plane's address (`sky status --ip coral-control`), set with --env
+            "CORAL_SCHEDULER_PORT": str(scheduler_port(inst.index, 0)),
+            "CORAL_TP": str(engine_tp(served.spec, split_config_name(config)[0])),
+            "CORAL_TP_PORT": str(TP_RENDEZVOUS_PORT),
+            "CORAL_HOST_CMD": "",
             "CORAL_WEIGHTS": f"/models/{served.spec.name}",
+            "CORAL_DEVICE": "cuda",  # rank r of a node uses cuda:r
+            "CORAL_DTYPE": "bfloat16",
+            "CORAL_TORCH_THREADS": "8",
             "CORAL_INSTALL": "coral[runtime]",
             "HF_MODEL": _hf_id(served.spec.name),
         },
         "setup": (
             "set -euo pipefail\n"
             'pip install "$CORAL_INSTALL"\n'
+            'sudo mkdir -p "$(dirname "$CORAL_WEIGHTS")" && sudo chown "$(id -u)" "$(dirname "$CORAL_WEIGHTS")"\n'
             'if [ ! -f "$CORAL_WEIGHTS/config.json" ]; then huggingface-cli download "$HF_MODEL" --local-dir "$CORAL_WEIGHTS"; fi\n'
         ),
         "run": run,
     }
     return task
+
+
+def control_cluster(plan: PlanFile) -> dict[str, object]:
+    """The cluster file the control plane serves (`coral serve --provisioner remote`): every planned
+    instance with its stages, per-node routing weights, node configurations and fixed scheduler port,
+    and each model's config and tokenizer (read from `/models/<model>`, where its setup puts them)."""
+    from coral.runtime.deploy.mapping import node_weights
+
+    specs = {m.name: m.spec for m in plan.scenario.models}
+    models = sorted({i.model for i in plan.instances})
+    instances = []
+    for inst in plan.instances:
+        weights = node_weights(plan, inst)
+        for r in range(inst.count):
+            instances.append({
+                "name": f"{inst.name}-r{r}", "model": inst.model, "phase": inst.phase.value, "region": inst.region,
+                "throughput_tok_per_s": inst.throughput_tok_per_s, "scheduler_port": scheduler_port(inst.index, r),
+                "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes)}
+                           for st, w in zip(inst.stages, weights, strict=True)]})
+    return {
+        "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},
+        "device": "cpu",  # the control plane runs no layer
+        "models": [{"name": m, "weights": {"path": f"/models/{specs[m].name}"}, "tokenizer": f"/models/{specs[m].name}"}
+                   for m in models],
+        "instances": instances,
+    }
+
+
+def _control_region(plan: PlanFile) -> str:
+    """The region with the most planned nodes (ties: the first in the scenario): most engines are near."""
+    count: dict[str, int] = {}
+    for (region, _), n in plan.nodes_of_instances().items():
+        count[region] = count.get(region, 0) + n
+    return max(plan.scenario.regions, key=lambda r: (count.get(r, 0), -plan.scenario.regions.index(r)))
+
+
+def _control_task(plan: PlanFile) -> dict[str, object]:
+    cloud, region = _cloud_region(_control_region(plan))
+    cluster_yaml = yaml.safe_dump(control_cluster(plan), sort_keys=False, width=200)
+    last_port = max(scheduler_port(i.index, i.count - 1) for i in plan.instances)
+    downloads = "".join(
+        f'huggingface-cli download {shlex.quote(_hf_id(m.spec.name))} --include "*.json" '
+        f"--local-dir /models/{m.spec.name}\n"
+        for m in plan.scenario.models if any(i.model == m.name for i in plan.instances))
+    return {
+        "name": "coral-control",
+        "num_nodes": 1,
+        "resources": {"cloud": cloud, "region": region, "cpus": "8+", "memory": "32+",
+                      "ports": [HTTP_PORT, f"{SCHEDULER_BASE_PORT}-{last_port}"]},
+        "envs": {"CORAL_INSTALL": "coral[runtime]", "CORAL_API_KEY": "", "CORAL_STARTUP_TIMEOUT_S": "3600"},
+        "setup": (
+            "set -euo pipefail\n"
+            'pip install "$CORAL_INSTALL"\n'
+            "sudo mkdir -p /models && sudo chown \"$(id -u)\" /models\n"
+            "# each model's config and tokenizer (no weights: the control plane runs no layer)\n"
+            + downloads
+        ),
+        "run": (
+            "set -euo pipefail\n"
+            "mkdir -p ~/coral\n"
+            "cat > ~/coral/cluster.yaml <<'CORAL_CLUSTER'\n" + cluster_yaml + "CORAL_CLUSTER\n"
+            'if [ -n "$CORAL_API_KEY" ]; then\n'
+            "  python -c \"import os, yaml; p = os.path.expanduser('~/coral/cluster.yaml'); d = yaml.safe_load(open(p)); "
+            "d['coordinator']['api_key'] = os.environ['CORAL_API_KEY']; yaml.safe_dump(d, open(p, 'w'))\"\n"
+            "fi\n"
+            "# the coordinator, the HTTP front end and every instance's scheduler; the engine tasks dial in\n"
+            'exec coral serve --config ~/coral/cluster.yaml --provisioner remote '
+            '--startup-timeout "$CORAL_STARTUP_TIMEOUT_S" --log-level INFO\n'
+        ),
+    }
 
 
 class _Dumper(yaml.SafeDumper):
@@ -175,17 +301,28 @@ def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
 
 
 def export_skypilot(plan: PlanFile, *, allow_derived: bool = False) -> Export:
-    """One SkyPilot task YAML per (instance line, node configuration).
+    """The control-plane task and one engine task YAML per (instance line, node configuration).
 
     Raises:
-        CoralError: a derived shape without `allow_derived`, or a region SkyPilot cannot name.
+        CoralError: a derived shape without `allow_derived`, a region SkyPilot cannot name, or an
+            instance line with more replicas than the scheduler ports number.
     """
     warnings = _check_derived(plan, allow_derived)
     files: dict[str, str] = {}
+    files[f"{CONTROL_PLANE}.yaml"] = (
+        f"# Coral plan {plan.path} (scenario {plan.scenario.name}, {plan.method}): the control plane, launch it first\n"
+        f"# (`sky launch -c coral-control {CONTROL_PLANE}.yaml`): coordinator, HTTP front end on port {HTTP_PORT}, "
+        f"and the schedulers of {sum(i.count for i in plan.instances)} instance(s)\n"
+        + yaml.dump(_control_task(plan), Dumper=_Dumper, sort_keys=False, width=200))
     for inst in plan.instances:
+        spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
         for config in sorted(set(inst.nodes)):
             task = _skypilot_task(plan, inst, config)
-            files[f"{inst.name}-{config}.yaml"] = _header(plan, inst, []) + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200)
+            gpus, tp = split_config_name(config)[0], engine_tp(spec, split_config_name(config)[0])
+            extra = [] if tp == gpus else [f"# NOTE: each {config} node runs tensor-parallel {tp} ({spec.name}'s heads, KV heads "
+                                          f"or experts do not split {gpus} ways): {gpus - tp} GPU(s) per node idle"]
+            files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
+                                                   + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
     return Export(format="skypilot", files=files, warnings=tuple(warnings))
 
 
@@ -303,4 +440,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["FORMATS", "MARKER", "Export", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

@@ -80,6 +80,28 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     return specs
 
 
+SCHEDULER_BASE_PORT = 47000  # replica r of instance line i: its scheduler listens on base + 100*i + r
+MAX_REPLICAS_PER_LINE = 100
+
+
+def scheduler_port(index: int, replica: int) -> int:
+    """The fixed scheduler port of replica `replica` of instance line `index` (SkyPilot export, remote engines).
+
+    Raises:
+        CoralError: a replica number the numbering has no room for.
+    """
+    if not 0 <= replica < MAX_REPLICAS_PER_LINE:
+        raise CoralError(f"instance line {index} has replica {replica}; the scheduler ports number at most "
+                         f"{MAX_REPLICAS_PER_LINE} per line: split the line or re-plan")
+    return SCHEDULER_BASE_PORT + 100 * index + replica
+
+
+def with_scheduler_ports(plan: PlanFile, specs: list[Any]) -> list[Any]:
+    """`plan_instance_specs(plan, ...)` with each instance's fixed :func:`scheduler_port`."""
+    ports = {f"{inst.name}-r{r}": scheduler_port(inst.index, r) for inst in plan.instances for r in range(inst.count)}
+    return [dataclasses.replace(s, scheduler_port=ports[s.name]) for s in specs]
+
+
 def plan_node_configs(plan: PlanFile) -> dict[str, list[list[str]]]:
     """Runtime instance name -> per stage, each node's configuration (what the Ray provisioner places by)."""
     return {f"{inst.name}-r{r}": [list(st.nodes) for st in inst.stages]
@@ -102,4 +124,5 @@ def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None)
     return cluster_from_plan(cluster, load_plan_file(path, scenario))
 
 
-__all__ = ["cluster_from_plan", "cluster_from_plan_file", "plan_node_configs", "node_weights", "plan_instance_specs"]
+__all__ = ["SCHEDULER_BASE_PORT", "cluster_from_plan", "cluster_from_plan_file", "node_weights", "plan_instance_specs",
+           "plan_node_configs", "scheduler_port", "with_scheduler_ports"]

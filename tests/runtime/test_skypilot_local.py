@@ -1,0 +1,120 @@
+"""The SkyPilot export run end to end on 127.0.0.1: the control plane's cluster file served with remote
+engines (`coral serve --provisioner remote`), and every engine task's own `run` script started once
+per node rank (with SkyPilot's SKYPILOT_NODE_RANK / SKYPILOT_NODE_IPS), dialling in. A tiny model
+with phi-4's 40 layers, saved as safetensors, stands in for phi-4; its greedy tokens must equal
+transformers' generate()."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from coral.cli import main
+from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.deployment import Deployment
+from coral.runtime.deploy.export import CONTROL_PLANE, control_cluster, export_skypilot
+from coral.runtime.deploy.plan_file import load_plan_file
+from coral.runtime.model import BUILTIN_CONFIGS, seeded_state_dict
+from coral.runtime.provisioner import LocalProvisioner
+
+from .conftest import http
+from .test_pipeline_inproc import reference
+from .test_serve_plan import PHI
+
+CONFIG = {**BUILTIN_CONFIGS["tiny-llama"], "num_hidden_layers": 40}
+
+
+def _weights(folder: Path) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    save_file({k: v.contiguous() for k, v in seeded_state_dict(CONFIG, 3).items()}, str(folder / "model.safetensors"))
+    return folder
+
+
+def _heredoc(run: str, tag: str) -> str:
+    return run.split(f"<<'{tag}'\n", 1)[1].split(f"\n{tag}\n", 1)[0]
+
+
+def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Path) -> None:
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(PHI))
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    pf = load_plan_file(plan)
+    ex = export_skypilot(pf)
+    control_task = yaml.safe_load(ex.files[f"{CONTROL_PLANE}.yaml"])
+    shipped = yaml.safe_load(_heredoc(control_task["run"], "CORAL_CLUSTER"))
+    assert control_cluster(pf) == shipped  # what the control plane serves is the plan, as exported
+
+    weights = _weights(tmp_path / "w")
+    for m in shipped["models"]:  # on the cloud: /models/phi-4 (config + tokenizer); here the tiny stand-in
+        m["weights"]["path"] = str(weights)
+        m.pop("tokenizer")
+    shipped["coordinator"].update(host="127.0.0.1", port=0)
+    cluster = parse_cluster(shipped)
+    assert all(i.scheduler_port for i in cluster.instances)
+    dep = Deployment(cluster, LocalProvisioner(start_engines=False), http_port=0)
+    started: list[BaseException | None] = []
+
+    def start() -> None:
+        try:
+            dep.start(timeout_s=240)  # returns once every instance's engines have dialled in
+            started.append(None)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            started.append(e)
+
+    control = threading.Thread(target=start)
+    control.start()
+    engines: list[subprocess.Popen[bytes]] = []
+    log = open(tmp_path / "engines.log", "wb")  # noqa: SIM115 - closed below
+    try:
+        bin_dir = str(Path(sys.executable).parent)
+        for name, text in sorted(ex.files.items()):
+            if name == f"{CONTROL_PLANE}.yaml":
+                continue
+            task = yaml.safe_load(text)
+            n = task["num_nodes"]
+            for rank in range(n):  # what SkyPilot does on each node of the task
+                env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()},
+                       "PATH": bin_dir + os.pathsep + os.environ["PATH"], "SKYPILOT_NODE_RANK": str(rank),
+                       "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * n), "CORAL_CONTROL_HOST": "127.0.0.1",
+                       "CORAL_WEIGHTS": str(weights), "CORAL_DEVICE": "cpu", "CORAL_DTYPE": "float32",
+                       "CORAL_TORCH_THREADS": "1", "CORAL_TP_PORT": str(29400 + len(engines))}
+                engines.append(subprocess.Popen(["bash", "-c", task["run"]], env=env, start_new_session=True,
+                                                stdout=subprocess.DEVNULL, stderr=log))
+        control.join(timeout=300)
+        assert [None] == started, started
+        assert {i.name for i in cluster.instances} == set(dep.coordinator.instances)  # type: ignore[union-attr]
+        assert [] == [e.args for e in engines if e.poll() is not None]  # every engine node still runs
+        prompts = [[1, 2, 3], [7] * 12, [40, 41]]
+        got = []
+        for p in prompts:
+            s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": p, "max_tokens": 4,
+                                                             "temperature": 0})
+            assert 200 == s, b
+            got.append(b["choices"][0]["token_ids"])
+        assert reference(CONFIG, 3, prompts, 4) == got
+    finally:
+        control.join(timeout=300)
+        dep.stop()
+        for e in engines:
+            if e.poll() is None:
+                os.killpg(e.pid, signal.SIGTERM)
+        for e in engines:
+            try:
+                e.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(e.pid, signal.SIGKILL)
+                e.wait(timeout=5)
+        log.close()
+    # the engine nodes stopped cleanly: no rank died under another (a TP group stops rank 0 first)
+    assert "Traceback" not in (tmp_path / "engines.log").read_text(), (tmp_path / "engines.log").read_text()[-3000:]
