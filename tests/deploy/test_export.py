@@ -165,3 +165,19 @@ def test_out_folder_with_other_files_is_refused_and_a_re_export_replaces(two_mod
     assert _export(plan, scenario, "skypilot", out).exit_code == 0
     assert _export(plan, scenario, "vllm", out).exit_code == 0  # an earlier export is ours to replace
     assert not list(out.glob("*.yaml")) and list(out.glob("*.sh"))
+
+
+def test_skypilot_refuses_a_line_its_scheduler_ports_cannot_number(two_model_plan, tmp_path):
+    scenario, _, data = two_model_plan
+    bad = json.loads(json.dumps(data))
+    inst = bad["instances"][0]
+    extra = 101 - inst["count"]
+    inst["count"] = 101  # replicas 0..100: one more than a line's 100 ports
+    for c in inst["nodes"]:
+        next(n for n in bad["nodes"] if n["region"] == inst["region"] and n["config"] == c)["count"] += extra
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    r = _export(path, scenario, "skypilot", tmp_path / "sky")
+    assert r.exit_code == 2, r.output
+    assert "instance line 0 has replica 100" in flat(r) and "split the line" in flat(r)
+    assert not (tmp_path / "sky").exists()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 import zmq
 
 from coral.errors import CoralError
@@ -165,3 +166,24 @@ def test_serve_cli_starts_serves_and_stops(tmp_path: Path) -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+def test_specs_reuse_the_domain_phase_and_model_spec() -> None:
+    from coral.catalog.models import ModelSpec
+    from coral.perf.model import Phase
+    from coral.runtime.cluster_config import MIXED
+
+    spec = load_cluster(Path(__file__).resolve().parents[2] / "examples" / "cluster-tiny.yaml")
+    phases = {i.name: i.phase for i in spec.instances}
+    assert Phase.PREFILL == phases["llama-prefill"] and isinstance(phases["llama-prefill"], Phase)
+    assert Phase.DECODE == phases["llama-decode"] and MIXED == phases["qwen3-mixed"]
+    llama = spec.model("tiny-llama")
+    assert isinstance(llama.spec, ModelSpec)
+    assert (6, 64, 4, 2, "LlamaForCausalLM") == (llama.spec.num_layers, llama.spec.hidden_size, llama.spec.num_heads,
+                                                 llama.spec.num_kv_heads, llama.spec.architecture)
+    assert llama.num_layers == llama.spec.num_layers
+    # the YAML and its errors are unchanged: a bad phase still names the field and the choices
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "cluster-tiny.yaml").read_text())
+    data["instances"][0]["phase"] = "both"
+    with pytest.raises(CoralError, match=r"instances\.0\.phase: Input should be 'prefill', 'decode' or 'mixed'"):
+        parse_cluster(data)

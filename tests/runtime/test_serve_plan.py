@@ -146,3 +146,25 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
         assert 200 == s, b
     finally:
         dep.stop()
+
+
+def test_serve_refuses_a_plan_of_another_version_or_scenario_and_remote_without_ports(tmp_path: Path) -> None:
+    scen = tmp_path / "s.yaml"
+    scen.write_text(yaml.safe_dump(PHI))
+    plan = tmp_path / "plan.json"
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(yaml.safe_dump(_cluster(40)))
+    ready = tmp_path / "ready.txt"
+    old = json.loads(plan.read_text())
+    old["plan_version"] = 1
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    for args, message in (
+        (["--plan", str(tmp_path / "old.json")], "plan_version 1; this Coral reads plan_version 2"),
+        (["--plan", str(plan), "--scenario", "core"], "field 'scenario' is 'servetest', but the scenario given is 'core'"),
+        (["--provisioner", "remote"], "instance x has no scheduler_port"),
+    ):
+        r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--ready-file", str(ready), *args])
+        assert 2 == r.exit_code, r.output
+        assert message in " ".join(r.output.split())
+        assert "Traceback" not in r.output and not ready.exists()

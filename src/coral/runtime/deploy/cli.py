@@ -12,7 +12,7 @@ from coral.runtime.deploy.export import FORMATS
 @click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
               help="Plan file written by `coral plan --out plan.json`.")
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="skypilot: a task YAML per (instance, node configuration); vllm: a `vllm serve` script per instance.")
+              help="skypilot: a control-plane task and an engine task YAML per (instance, node configuration), launch order in docs/deploy.md; vllm: a `vllm serve` script per instance.")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder to write: new, empty, or an earlier export (replaced whole); nothing is written on error.")
 @click.option("--scenario", "scenario_name", default=None,

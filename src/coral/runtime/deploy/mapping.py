@@ -93,7 +93,11 @@ def scheduler_port(index: int, replica: int) -> int:
     if not 0 <= replica < MAX_REPLICAS_PER_LINE:
         raise CoralError(f"instance line {index} has replica {replica}; the scheduler ports number at most "
                          f"{MAX_REPLICAS_PER_LINE} per line: split the line or re-plan")
-    return SCHEDULER_BASE_PORT + 100 * index + replica
+    port = SCHEDULER_BASE_PORT + 100 * index + replica
+    if port > 65535:
+        raise CoralError(f"instance line {index}: its scheduler port {port} is past 65535; the export numbers "
+                         f"at most {(65535 - SCHEDULER_BASE_PORT) // 100 + 1} instance lines: re-plan with fewer")
+    return port
 
 
 def with_scheduler_ports(plan: PlanFile, specs: list[Any]) -> list[Any]:
