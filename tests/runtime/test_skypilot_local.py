@@ -52,14 +52,24 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     pf = load_plan_file(plan)
     ex = export_skypilot(pf)
     control_task = yaml.safe_load(ex.files[f"{CONTROL_PLANE}.yaml"])
-    shipped = yaml.safe_load(_heredoc(control_task["run"], "CORAL_CLUSTER"))
-    assert control_cluster(pf) == shipped  # what the control plane serves is the plan, as exported
+    # the control plane's run script up to `coral serve`, as its node runs it: it writes the cluster file
+    prep, serve_line = control_task["run"].split("exec coral serve", 1)
+    assert "--config ~/coral/cluster.yaml --provisioner remote" in serve_line
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, **{k: str(v) for k, v in control_task["envs"].items()}, "HOME": str(home),
+           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
+           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "CORAL_API_KEY": "sk-test"}
+    subprocess.run(["bash", "-c", prep], env=env, check=True, timeout=60)
+    shipped = yaml.safe_load((home / "coral" / "cluster.yaml").read_text())
+    assert ("127.0.0.1", "sk-test") == (shipped["coordinator"]["host"], shipped["coordinator"]["api_key"])
+    assert control_cluster(pf)["instances"] == shipped["instances"]  # what it serves is the plan, as exported
 
     weights = _weights(tmp_path / "w")
     for m in shipped["models"]:  # on the cloud: /models/phi-4 (config + tokenizer); here the tiny stand-in
         m["weights"]["path"] = str(weights)
         m.pop("tokenizer")
-    shipped["coordinator"].update(host="127.0.0.1", port=0)
+    shipped["coordinator"]["port"] = 0
     cluster = parse_cluster(shipped)
     assert all(i.scheduler_port for i in cluster.instances)
     dep = Deployment(cluster, LocalProvisioner(start_engines=False), http_port=0)
@@ -99,7 +109,8 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
         got = []
         for p in prompts:
             s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": p, "max_tokens": 4,
-                                                             "temperature": 0})
+                                                             "temperature": 0},
+                        headers={"Authorization": "Bearer sk-test"})
             assert 200 == s, b
             got.append(b["choices"][0]["token_ids"])
         assert reference(CONFIG, 3, prompts, 4) == got

@@ -151,6 +151,20 @@ sys.exit(max(p.wait() for p in procs))
 """
 
 
+# The control plane's cluster file, completed on its node: its address, and the API key if one is set.
+_CONTROL_PY = """\
+import os, yaml
+path = os.path.expanduser('~/coral/cluster.yaml')
+cluster = yaml.safe_load(open(path))
+cluster['coordinator']['host'] = os.environ['CORAL_NODE_HOST']
+if os.environ.get('CORAL_API_KEY'):
+    cluster['coordinator']['api_key'] = os.environ['CORAL_API_KEY']
+with open(path + '.tmp', 'w') as f:
+    yaml.safe_dump(cluster, f, sort_keys=False)
+os.replace(path + '.tmp', path)
+"""
+
+
 def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
     cloud, region = _cloud_region(inst.region)
     table = _node_table(inst, config)
@@ -226,7 +240,7 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
                 "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes)}
                            for st, w in zip(inst.stages, weights, strict=True)]})
     return {
-        "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},
+        "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},  # its run script sets the node's own address
         "device": "cpu",  # the control plane runs no layer
         "models": [{"name": m, "weights": {"path": f"/models/{specs[m].name}"}, "tokenizer": f"/models/{specs[m].name}"}
                    for m in models],
@@ -255,7 +269,8 @@ def _control_task(plan: PlanFile) -> dict[str, object]:
         "num_nodes": 1,
         "resources": {"cloud": cloud, "region": region, "cpus": "8+", "memory": "32+",
                       "ports": [HTTP_PORT, f"{SCHEDULER_BASE_PORT}-{last_port}"]},
-        "envs": {"CORAL_INSTALL": "coral[runtime]", "CORAL_API_KEY": "", "CORAL_STARTUP_TIMEOUT_S": "3600"},
+        "envs": {"CORAL_INSTALL": "coral[runtime]", "CORAL_API_KEY": "", "CORAL_STARTUP_TIMEOUT_S": "3600",
+                 "CORAL_HOST_CMD": ""},
         "setup": (
             "set -euo pipefail\n"
             'pip install "$CORAL_INSTALL"\n'
@@ -267,10 +282,12 @@ def _control_task(plan: PlanFile) -> dict[str, object]:
             "set -euo pipefail\n"
             "mkdir -p ~/coral\n"
             "cat > ~/coral/cluster.yaml <<'CORAL_CLUSTER'\n" + cluster_yaml + "CORAL_CLUSTER\n"
-            'if [ -n "$CORAL_API_KEY" ]; then\n'
-            "  python -c \"import os, yaml; p = os.path.expanduser('~/coral/cluster.yaml'); d = yaml.safe_load(open(p)); "
-            "d['coordinator']['api_key'] = os.environ['CORAL_API_KEY']; yaml.safe_dump(d, open(p, 'w'))\"\n"
-            "fi\n"
+            "# Every process here binds and advertises this node's address on the nodes' network (the engines'\n"
+            "# replies come back to it): its SKYPILOT_NODE_IPS line, or what $CORAL_HOST_CMD prints.\n"
+            'if [ -n "${CORAL_HOST_CMD:-}" ]; then CORAL_NODE_HOST=$(eval "$CORAL_HOST_CMD"); '
+            'else CORAL_NODE_HOST=$(echo "$SKYPILOT_NODE_IPS" | head -n 1); fi\n'
+            "export CORAL_NODE_HOST\n"
+            "python - <<'PY'\n" + _CONTROL_PY + "PY\n"
             "# the coordinator, the HTTP front end and every instance's scheduler; the engine tasks dial in\n"
             'exec coral serve --config ~/coral/cluster.yaml --provisioner remote '
             '--startup-timeout "$CORAL_STARTUP_TIMEOUT_S" --log-level INFO\n'
