@@ -22,6 +22,7 @@ ALPHA_RESOLUTION = 1e-7  # CP-SAT grid step of the continuous alpha
 GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative gap (or mip_gap, if looser)
 GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
 GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
+FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
 REDUCE_COLUMNS = 20_000
 MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced cost mode gets (see `polish`)  # cost mode from this many columns: rounded LP plan + reduced-cost fixing first
 
@@ -344,8 +345,8 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     notes: list[str] = []
     solve_s = 0.0
 
-    def remaining() -> float:
-        return options.time_limit_s - (time.perf_counter() - start)
+    def remaining() -> float:  # less what decoding and returning the plan takes after the last solve
+        return options.time_limit_s - (time.perf_counter() - start) - FINISH_RESERVE_S
 
     def run(form: Formulation, *, limit: float | None = None, gap: float | None = None,
             start_x: np.ndarray | None = None) -> SolveResult:
