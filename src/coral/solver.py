@@ -167,7 +167,9 @@ class SolveOptions:
 class SolveResult:
     """The outcome of one solve. `objective` / `bound` are in the model's sense and units
     (`nan` when absent); `gap` is `|objective - bound| / max(|objective|, 1e-12)` (`inf`
-    without an incumbent); `x` is the incumbent (read-only) or None."""
+    without an incumbent); `x` is the incumbent (read-only) or None. `reduced_costs`: for an LP
+    solved to optimality by HiGHS, each column's reduced cost `c_j − A_jᵀy` in the model's sense
+    (≥ 0 at its lower bound when minimizing, ≤ 0 when maximizing); None otherwise."""
 
     status: Status
     objective: float
@@ -178,6 +180,7 @@ class SolveResult:
     backend: str
     message: str = ""
     stats: dict[str, float] = field(default_factory=dict)
+    reduced_costs: np.ndarray | None = None
 
     @property
     def has_solution(self) -> bool:
@@ -208,8 +211,9 @@ def solve(model: MilpModel, options: SolveOptions | None = None, *, start: np.nd
     """
     options = options or SolveOptions()
     began = time.perf_counter()
+    duals = None
     if options.backend == "highs":
-        res = _solve_highs(model, options, start)
+        res, duals = _solve_highs(model, options, start)
     elif options.backend == "cpsat":
         res = _solve_cpsat(model, options, start)
     else:
@@ -220,7 +224,7 @@ def solve(model: MilpModel, options: SolveOptions | None = None, *, start: np.nd
         x.setflags(write=False)
     gap = _gap(obj, bound) if x is not None else math.inf
     return SolveResult(status=status, objective=obj, bound=bound, gap=gap, wall_s=time.perf_counter() - began,
-                       x=x, backend=options.backend, message=message, stats=stats)
+                       x=x, backend=options.backend, message=message, stats=stats, reduced_costs=duals)
 
 
 def _gap(obj: float, bound: float) -> float:
@@ -254,7 +258,9 @@ def _quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def _solve_highs(model: MilpModel, options: SolveOptions, start: np.ndarray | None = None) -> _Raw:
+def _solve_highs(model: MilpModel, options: SolveOptions,
+                 start: np.ndarray | None = None) -> tuple[_Raw, np.ndarray | None]:
+    """HiGHS; also the reduced costs of an LP solved to optimality (None otherwise)."""
     import highspy
 
     if options.verbose:
@@ -288,12 +294,13 @@ def _solve_highs(model: MilpModel, options: SolveOptions, start: np.ndarray | No
     lp.a_matrix_.index_ = model.A.indices.astype(np.int32)
     lp.a_matrix_.value_ = model.A.data.astype(np.float64)
     is_mip = bool(model.integrality.any())
+    duals = None
     if is_mip:
         kint, kcont = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
         lp.integrality_ = [kint if flag else kcont for flag in model.integrality]
     status = h.passModel(lp)
     if status == highspy.HighsStatus.kError:
-        return Status.ERROR, math.nan, math.nan, None, "HiGHS rejected the model", {}
+        return (Status.ERROR, math.nan, math.nan, None, "HiGHS rejected the model", {}), None
     if start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = np.asarray(start, dtype=np.float64).tolist()
@@ -315,6 +322,9 @@ def _solve_highs(model: MilpModel, options: SolveOptions, start: np.ndarray | No
     else:
         bound = obj
         stats = {"iterations": float(info.simplex_iteration_count)}
+        if ms == highspy.HighsModelStatus.kOptimal and info.dual_solution_status == 2:
+            duals = np.array(h.getSolution().col_dual, dtype=float)
+            duals.setflags(write=False)
     M = highspy.HighsModelStatus
     text = h.modelStatusToString(ms)
     if ms == M.kOptimal:
@@ -333,7 +343,7 @@ def _solve_highs(model: MilpModel, options: SolveOptions, start: np.ndarray | No
         st, x = Status.ERROR, None
     if not is_mip and st is not Status.OPTIMAL:
         bound = math.nan
-    return st, obj, bound, x, text, stats
+    return (st, obj, bound, x, text, stats), (duals if not is_mip and st is Status.OPTIMAL else None)
 
 
 # -- CP-SAT ----------------------------------------------------------------------------------

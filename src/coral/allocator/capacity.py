@@ -75,17 +75,24 @@ def fluid_waits(arrival_s: np.ndarray, work: np.ndarray, rate: float) -> np.ndar
 def fcfs_waits(arrival_s: np.ndarray, service_s: np.ndarray, servers: int) -> np.ndarray:
     """Waiting times in a FCFS queue with `servers` identical servers (Kiefer–Wolfowitz)."""
     n = len(arrival_s)
-    out = np.zeros(n)
     if servers >= n:
-        return out
+        return np.zeros(n)
+    # plain Python floats and one heap operation per request: the same arithmetic as numpy's
+    # element by element, about twice as fast as indexing the arrays
+    arrivals = np.asarray(arrival_s, dtype=float).tolist()
+    services = np.asarray(service_s, dtype=float).tolist()
+    out = [0.0] * n
     free = [0.0] * servers  # when each server is next free (a heap)
+    replace = heapq.heapreplace
     for i in range(n):
-        a = float(arrival_s[i])
-        f = heapq.heappop(free)
-        start = f if f > a else a
-        out[i] = start - a
-        heapq.heappush(free, start + float(service_s[i]))
-    return out
+        a = arrivals[i]
+        f = free[0]
+        if f > a:
+            out[i] = f - a
+            replace(free, f + services[i])
+        else:
+            replace(free, a + services[i])
+    return np.array(out)
 
 
 def _quantile(x: np.ndarray, q: float) -> float:

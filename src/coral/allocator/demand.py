@@ -63,7 +63,7 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
 def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, *,
                      scale: Mapping[str, float] | None = None,
                      boost: Mapping[Group, float] | None = None,
-                     library: Any = None) -> dict[Group, CapacityTarget]:
+                     library: Any = None, store: bool | None = None) -> dict[Group, CapacityTarget]:
     """Per (model, phase), the capacity that keeps the model's attainment target on its traffic.
 
     Args:
@@ -75,6 +75,9 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         boost: (model, phase) -> capacity multiplier on top (`coral plan --calibrate`).
         library: the template library; given, prefill is sized as `c` instances of its best Θ per
             $ template (`instance_rates`) rather than one pooled server.
+        store: keep the targets of the scenario's own sample on disk across processes
+            (`coral.allocator.capacity_store`, keyed by the replay's content); default on unless
+            `CORAL_CAPACITY_CACHE=0`. Windows, scales and boosts are never stored.
 
     Returns:
         The targets; a model without requests in its sample gets 0.
@@ -84,6 +87,7 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
             and the latency that misses); on given samples (an epoch's window) the capacity is sized
             for the best the templates allow instead.
     """
+    from coral.allocator import capacity_store
     from coral.scenario.traffic import (
         component_attainment,
         length_summary,
@@ -91,6 +95,7 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         template_budget_ms,
     )
 
+    use_store = capacity_store.enabled() if store is None else store
     rates = instance_rates(scenario, library) if library is not None else {}
     memo_key = None
     if samples is None and not scale and not boost:
@@ -118,15 +123,28 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         window /= f
         q = component_attainment(scenario, m.name)
         lengths = length_summary(scenario, m.name)
-        pre = prefill_capacity(arr, p, window_s=window, ttft_s=m.ttft_ms / 1e3,
-                               budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
-                               prompt_q=lengths.prompt_q, attainment=q, model=m.name,
-                               instance_tok_per_s=rates.get(m.name), strict=samples is None)
         kv = model_kv_link(scenario, m.name)
-        dec = decode_capacity(arr, p, d, window_s=window, tpot_s=m.tpot_ms / 1e3,
-                              cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
-                              kv_s_per_token=kv.s_per_prompt_token, kv_latency_s=scenario.perf.system.network_latency_s,
-                              attainment=q, model=m.name, strict=samples is None)
+        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3,
+                                        budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
+                                        prompt_q=lengths.prompt_q, attainment=q, model=m.name,
+                                        instance_tok_per_s=rates.get(m.name), strict=samples is None)
+        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3,
+                                        cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
+                                        kv_s_per_token=kv.s_per_prompt_token,
+                                        kv_latency_s=scenario.perf.system.network_latency_s,
+                                        attainment=q, model=m.name, strict=samples is None)
+        key = None
+        if memo_key is not None and use_store:
+            key = capacity_store.replay_key((arr, p, d), {**{f"prefill_{k}": v for k, v in pre_args.items()},
+                                                          **{f"decode_{k}": v for k, v in dec_args.items()}})
+            stored = capacity_store.load(key)
+            if stored is not None:
+                out[(m.name, Phase.PREFILL)], out[(m.name, Phase.DECODE)] = stored
+                continue
+        pre = prefill_capacity(arr, p, **pre_args)
+        dec = decode_capacity(arr, p, d, **dec_args)
+        if key is not None:
+            capacity_store.save(key, pre, dec)
         for ph, target in ((Phase.PREFILL, pre), (Phase.DECODE, dec)):
             k = float((boost or {}).get((m.name, ph), 1.0))
             if k != 1.0:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 
-from coral.allocator.incumbent import max_alpha_incumbent, served
+from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
 from coral.solver import MilpModel, SolveOptions, SolveResult, Status, solve
@@ -20,6 +21,10 @@ ALPHA_SLACK = 1e-6  # phase 2 of goodput mode keeps alpha >= alpha* - ALPHA_SLAC
 ALPHA_RESOLUTION = 1e-7  # CP-SAT grid step of the continuous alpha
 GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative gap (or mip_gap, if looser)
 GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
+GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
+FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
+REDUCE_COLUMNS = 20_000
+MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced cost mode gets (see `polish`)  # cost mode from this many columns: rounded LP plan + reduced-cost fixing first
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -234,6 +239,89 @@ def _relaxed(form: Formulation) -> Formulation:
     return replace(form, model=replace(form.model, integrality=np.zeros_like(form.model.integrality)))
 
 
+def start_vector(form: Formulation, nu: np.ndarray, nu_prev: np.ndarray) -> np.ndarray:
+    """A full point of `form` from instance counts: `δ` and `ε` at their least values for `ν`
+    (instances started / stopped against `ν^prev`), `α` (goodput mode) the least served fraction.
+    Feasible for the model whenever `ν` fits the availability and meets the demand rows."""
+    x = np.zeros(form.model.num_cols)
+    x[:form.n] = nu
+    k = form.running.shape[0]
+    if k:
+        run_nu, run_prev = nu[form.running], nu_prev[form.running]
+        x[form.n:form.n + k] = np.maximum(run_nu - run_prev, 0)
+        x[form.n + k:form.n + 2 * k] = np.maximum(run_prev - run_nu, 0)
+    return x
+
+
+def reduced_cost_keep(form: Formulation, lp: SolveResult, incumbent_objective: float) -> np.ndarray | None:
+    """The `ν` columns that can be non-zero in a solution better than the incumbent, by the LP
+    relaxation's reduced costs (reduced-cost fixing, exact up to a 1e-6 relative tolerance).
+
+    For an LP optimum `z` with reduced costs `d` (minimizing), every feasible point `x` of the
+    model has `c·x ≥ z + Σ_j d_j·x_j` over the columns at their lower bound 0 (the others and the
+    rows only add non-negative terms), so a column with `d_j > UB − z` is 0 in every solution
+    cheaper than the incumbent's `UB`; maximizing, the same with the signs turned. Returns None
+    when the LP has no reduced costs (another backend, or not solved to optimality)."""
+    d = lp.reduced_costs
+    if d is None or lp.x is None or not math.isfinite(lp.objective) or not math.isfinite(incumbent_objective):
+        return None
+    d = np.asarray(d[:form.n], dtype=float)
+    if form.model.sense == "max":
+        d = -d
+    slack = abs(incumbent_objective - float(lp.objective))
+    tol = 1e-6 * max(1.0, abs(incumbent_objective)) + 1e-9
+    return (d <= slack + tol) | (np.asarray(lp.x[:form.n]) > 1e-9)
+
+
+def best_per_group(cols: Columns, form: Formulation, lp: SolveResult, per_group: int) -> np.ndarray:
+    """The `per_group` columns of each (model, phase) with the least reduced cost in the LP `lp`
+    of `form` (the most promising ones), and every column the LP uses. A boolean mask."""
+    assert lp.reduced_costs is not None and lp.x is not None
+    d = np.asarray(lp.reduced_costs[:form.n], dtype=float)
+    if form.model.sense == "max":
+        d = -d
+    grp = cols.group[cols.col_t]
+    order = np.lexsort((d, grp))
+    g_sorted = grp[order]
+    first = np.searchsorted(g_sorted, g_sorted, side="left")
+    rank = np.arange(order.size) - first
+    keep = np.zeros(form.n, dtype=bool)
+    keep[order[rank < per_group]] = True
+    return keep | (np.asarray(lp.x[:form.n]) > 1e-9)
+
+
+def _alpha_on_ranked(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, cost_form: Formulation | None,
+                     cost_lp: SolveResult, nu0: np.ndarray, run: Callable[..., SolveResult], gap: float,
+                     limit: float) -> tuple[np.ndarray, Status, float, str]:
+    """Goodput mode's α search when the cost LP meets every demand but no rounding of it does: the
+    max-α MIP on the columns of least reduced cost in that LP per (model, phase), started from
+    `nu0`. Returns (ν, status, α bound = 1, which columns, for the notes)."""
+    assert cost_form is not None
+    per_group = MIP_COLUMNS // max(len(cols.groups), 1)
+    idx = np.flatnonzero(best_per_group(cols, cost_form, cost_lp, per_group) | (nu0 > 0) | (nu_prev > 0))
+    sub_cols = _sub_columns(cols, idx)
+    sub = formulate(inputs, sub_cols, nu_prev[idx], mode="goodput")
+    assert sub.alpha_col is not None
+    alpha_0 = min(float(served(cols, nu0).min()), 1.0)
+    x0 = start_vector(sub, nu0[idx], nu_prev[idx])
+    x0[sub.alpha_col] = alpha_0
+    res = run(sub, limit=limit, gap=gap, start_x=x0)
+    got = decode_counts(sub, res)
+    nu = nu0.copy()
+    if got is not None and float(served(sub_cols, got).min()) > alpha_0:
+        nu = np.zeros(cols.num_cols, dtype=np.int64)
+        nu[idx] = got
+    alpha = min(float(served(cols, nu).min()), 1.0)
+    status = Status.OPTIMAL if alpha > 0 and (1.0 - alpha) / alpha <= gap else Status.TIME_LIMIT
+    how = (f"{idx.size:,} of {cols.num_cols:,} columns, the {per_group} of least reduced cost in the cost LP per model "
+           "and phase; bound 1: the cost LP meets every demand")
+    return nu, status, 1.0, how
+
+
+def _sub_columns(cols: Columns, idx: np.ndarray) -> Columns:
+    return replace(cols, col_t=cols.col_t[idx], col_r=cols.col_r[idx], price=cols.price[idx], ub=cols.ub[idx])
+
+
 def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, options: SolveOptions,
                      *, method: str = "coral") -> tuple[Plan | None, list[str]]:
     """Cost ILP; when infeasible (or no incumbent), goodput mode: maximize α, then minimize cost
@@ -257,8 +345,8 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     notes: list[str] = []
     solve_s = 0.0
 
-    def remaining() -> float:
-        return options.time_limit_s - (time.perf_counter() - start)
+    def remaining() -> float:  # less what decoding and returning the plan takes after the last solve
+        return options.time_limit_s - (time.perf_counter() - start) - FINISH_RESERVE_S
 
     def run(form: Formulation, *, limit: float | None = None, gap: float | None = None,
             start_x: np.ndarray | None = None) -> SolveResult:
@@ -271,6 +359,68 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         solve_s += res.wall_s
         return res
 
+    def polish(mode: Mode, alpha: float, form: Formulation, lp: SolveResult, nu0: np.ndarray, *, gap: float,
+               limit: float | None = None,
+               use_start: bool = True) -> tuple[np.ndarray, Status, float, float, float, str]:
+        """The MIP on the columns reduced-cost fixing keeps (`reduced_cost_keep`, from the LP `lp`
+        of `form` and the incumbent `nu0`), started from `nu0` when `use_start`. Returns
+        (ν, status, gap, objective, bound, which columns the MIP had, for the notes); the gap is against the better of the LP's
+        and the reduced MIP's bound, both valid for the whole model (a column fixed at 0 is 0 in
+        every solution better than the incumbent, which the reduced model contains)."""
+        maxi = form.model.sense == "max"
+
+        def point(f: Formulation, nu: np.ndarray, prev: np.ndarray) -> np.ndarray:
+            x = start_vector(f, nu, prev)
+            if f.alpha_col is not None:
+                x[f.alpha_col] = min(float(served(cols, nu0).min()), 1.0)
+            return x
+
+        inc = float(form.model.c @ point(form, nu0, nu_prev))
+        lp_obj = float(lp.objective)
+        if form.alpha_col is not None:
+            lp_obj = min(lp_obj, 1.0)  # the LP may have been solved with α uncapped (`_uncapped`)
+        rel = abs(inc - lp_obj) / max(abs(inc), 1e-12)
+        if rel <= gap:
+            return nu0, Status.OPTIMAL, rel, inc, lp_obj, "no MIP: the rounded LP plan is within the gap"
+        keep = reduced_cost_keep(form, lp, inc)
+        keep = np.ones(form.n, dtype=bool) if keep is None else keep
+        exact = True
+        if keep.sum() > MIP_COLUMNS and cols.num_cols >= REDUCE_COLUMNS:
+            # too many for the MIP inside the epoch (HiGHS's presolve does not watch the clock):
+            # the columns of least reduced cost per (model, phase); the bound stays the LP's
+            keep &= best_per_group(cols, form, lp, MIP_COLUMNS // max(len(cols.groups), 1))
+            exact = False
+        keep |= nu0 > 0
+        keep |= nu_prev > 0
+        idx = np.flatnonzero(keep)
+        sub_form = formulate(inputs, _sub_columns(cols, idx), nu_prev[idx], mode=mode, alpha=alpha)
+        res = run(sub_form, limit=limit, gap=gap,
+                  start_x=point(sub_form, nu0[idx], nu_prev[idx]) if use_start else None)
+        got = decode_counts(sub_form, res)
+        if got is not None and (res.objective < inc if maxi else res.objective > inc):
+            got = None  # the incumbent is better than what the solver found from scratch
+        if got is None:
+            nu, obj, status = nu0, inc, Status.TIME_LIMIT
+        else:
+            nu = np.zeros(form.n, dtype=np.int64)
+            nu[idx] = got
+            obj, status = float(res.objective), res.status
+        bound = float(res.bound) if exact and math.isfinite(res.bound) else lp_obj
+        bound = min(bound, lp_obj) if maxi else max(bound, lp_obj)
+        g = max(abs(obj - bound) / max(abs(obj), 1e-12), 0.0)
+        if g <= gap:
+            status = Status.OPTIMAL
+        elif status is Status.OPTIMAL:
+            status = Status.FEASIBLE  # optimal on the ranked columns only: not proved for all of them
+        how = (f"{idx.size:,} of {form.n:,} columns, "
+               + ("reduced-cost fixing: the others cannot beat the rounded LP plan" if exact else
+                  f"the {MIP_COLUMNS // max(len(cols.groups), 1)} of least reduced cost per model and phase"
+                  "; bound: the LP's"))
+        return nu, status, g, obj, bound, how
+
+    cost_lp: SolveResult | None = None  # set when the cost LP is feasible but nothing rounds it (large models)
+    cost_form: Formulation | None = None
+    cost_round = np.zeros(cols.num_cols, dtype=np.int64)
     covered = np.zeros(len(cols.groups), dtype=bool)
     covered[cols.group[cols.col_t]] = True
     if not covered.all():
@@ -285,15 +435,36 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
             notes.append("demand cannot be met with the available nodes (not even fractionally): "
                          "goodput mode (max alpha, then min cost)")
         else:
-            res = run(form)
-            nu = decode_counts(form, res)
-            if nu is not None and res.status is not Status.INFEASIBLE:
-                return build_plan(inputs, cols, nu, nu_prev, method=method, status=res.status, solve_s=solve_s,
-                                  gap=_gap(res), objective=res.objective), notes
-            if res.status is Status.INFEASIBLE:
-                notes.append("demand cannot be met with the available nodes: goodput mode (max alpha, then min cost)")
+            nu0 = None
+            if (lp is not None and lp.x is not None and lp.status is Status.OPTIMAL
+                    and cols.num_cols >= REDUCE_COLUMNS):
+                nu0 = min_cost_incumbent(cols, lp.x[:form.n], form.model.c[:form.n], ub=form.model.col_upper[:form.n])
+            if nu0 is None and lp is not None and lp.x is not None and cols.num_cols >= REDUCE_COLUMNS:
+                cost_round = max_alpha_incumbent(cols, lp.x[:form.n], ub=form.model.col_upper[:form.n])
+                if float(served(cols, cost_round).min()) >= 1.0:
+                    nu0 = cost_round
+            if nu0 is not None:
+                assert lp is not None
+                nu, st, g, obj, _, how = polish("cost", 1.0, form, lp, nu0, gap=options.mip_gap)
+                notes.append(f"cost ILP from a rounded LP plan on {how}; gap {g:.2%}")
+                return build_plan(inputs, cols, nu, nu_prev, method=method, status=st, solve_s=solve_s, gap=g,
+                                  objective=obj), notes
+            if cols.num_cols >= REDUCE_COLUMNS and lp is not None and lp.status is Status.OPTIMAL:
+                # the full ILP would search blind (and HiGHS's presolve of it overruns the limit);
+                # goodput mode's α is capped at 1, so a plan that meets every demand still wins there
+                cost_lp, cost_form = lp, form
+                notes.append("no rounding of the cost LP meets every demand within the available nodes: goodput mode "
+                             "(max alpha, at most 1, then min cost)")
             else:
-                notes.append(f"cost ILP ended {res.status.value} without a plan ({res.message}); trying goodput mode")
+                res = run(form)
+                got = decode_counts(form, res)
+                if got is not None and res.status is not Status.INFEASIBLE:
+                    return build_plan(inputs, cols, got, nu_prev, method=method, status=res.status, solve_s=solve_s,
+                                      gap=_gap(res), objective=res.objective), notes
+                if res.status is Status.INFEASIBLE:
+                    notes.append("demand cannot be met with the available nodes: goodput mode (max alpha, then min cost)")
+                else:
+                    notes.append(f"cost ILP ended {res.status.value} without a plan ({res.message}); trying goodput mode")
 
     gap = max(options.mip_gap, GOODPUT_GAP)
     # goodput mode, phase 1: maximize α, from the LP relaxation's bound and rounded plan
@@ -301,17 +472,29 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     assert g_form.alpha_col is not None
     alpha_lp = math.inf
     start_x = None
-    g_lp = run(_relaxed(g_form)) if options.backend == "highs" else None
+    g_lp = run(_relaxed(g_form)) if options.backend == "highs" and cost_lp is None else None
     if g_lp is not None and g_lp.x is not None and g_lp.status is Status.OPTIMAL:
-        alpha_lp = float(g_lp.objective)
+        alpha_lp = min(float(g_lp.objective), 1.0)
         nu0 = max_alpha_incumbent(cols, g_lp.x[:g_form.n], ub=g_form.model.col_upper[:g_form.n])
         start_x = np.zeros(g_form.model.num_cols)
         start_x[:g_form.n] = nu0
         start_x[g_form.alpha_col] = min(float(served(cols, nu0).min()), 1.0)
     alpha_0 = float(start_x[g_form.alpha_col]) if start_x is not None else -math.inf
-    if start_x is not None and alpha_0 > 0 and (alpha_lp - alpha_0) / alpha_0 <= gap:
+    if cost_lp is not None:
+        # the cost LP meets every demand, so α's bound is 1 (its cap); the MIP gets the columns the
+        # cost LP ranks best per (model, phase), from the LP's rounding
+        g_nu, g_status, alpha_bound, how = _alpha_on_ranked(inputs, cols, nu_prev, cost_form, cost_lp, cost_round,
+                                                            run, gap, remaining() * GOODPUT_ALPHA_SHARE)
+        notes.append(f"alpha ILP on {how}")
+    elif start_x is not None and alpha_0 > 0 and (alpha_lp - alpha_0) / alpha_0 <= gap:
         g_nu = start_x[:g_form.n].astype(np.int64)
         g_status, alpha_bound = Status.OPTIMAL, alpha_lp  # the LP bound proves the rounded plan
+    elif start_x is not None and alpha_0 > 0 and g_lp is not None and g_lp.reduced_costs is not None:
+        # reduced-cost fixing against the rounded plan: only columns that can raise α beyond it
+        g_nu, g_status, _, _, alpha_bound, how = polish(
+            "goodput", 1.0, g_form, g_lp, start_x[:g_form.n].astype(np.int64), gap=gap,
+            limit=remaining() * GOODPUT_ALPHA_SHARE, use_start=GOODPUT_ALPHA_START)
+        notes.append(f"alpha ILP on {how}")
     else:
         # Not started from the rounded plan: HiGHS's own heuristics, measured on the synthetic
         # scarce cases, find better plans from scratch; the rounded plan is kept as a fallback.
@@ -338,20 +521,33 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         return _with(fallback, status=Status.TIME_LIMIT, notes=notes), notes
 
     # goodput mode, phase 2: minimize cost with α ≥ α* − slack, from the max-α plan
-    c_form = formulate(inputs, cols, nu_prev, mode="cost", alpha=max(alpha_star - ALPHA_SLACK, 0.0))
-    x0 = np.zeros(c_form.model.num_cols)
-    x0[:c_form.n] = g_nu
-    x0[c_form.n:c_form.n + c_form.running.shape[0]] = np.maximum(g_nu[c_form.running] - nu_prev[c_form.running], 0)
-    c_res = run(c_form, gap=gap, start_x=x0)
-    c_nu = decode_counts(c_form, c_res)
-    if c_nu is None:
+    c_alpha = max(alpha_star - ALPHA_SLACK, 0.0)
+    c_form = formulate(inputs, cols, nu_prev, mode="cost", alpha=c_alpha)
+    c_lp = run(_relaxed(c_form)) if options.backend == "highs" and cols.num_cols >= REDUCE_COLUMNS else None
+    if c_lp is not None and c_lp.status is Status.OPTIMAL and c_lp.reduced_costs is not None and c_lp.x is not None:
+        # from the cheaper of the max-α plan and the rounded LP plan, on the columns that can beat it
+        nu0 = g_nu
+        rounded = min_cost_incumbent(cols, c_lp.x[:c_form.n], c_form.model.c[:c_form.n], alpha=c_alpha,
+                                     ub=c_form.model.col_upper[:c_form.n])
+        if rounded is not None and float(c_form.model.c[:c_form.n] @ rounded) < float(c_form.model.c[:c_form.n] @ g_nu):
+            nu0 = rounded
+        c_nu, status, c_gap, c_obj, _, how = polish("cost", c_alpha, c_form, c_lp, nu0, gap=gap)
+        notes.append(f"cost at alpha* on {how}; gap {c_gap:.2%}")
+        if g_status is not Status.OPTIMAL and status is Status.OPTIMAL:
+            status = g_status
+        plan = build_plan(inputs, cols, c_nu, nu_prev, method=method, status=status, solve_s=solve_s,
+                          gap=c_gap, objective=c_obj, goodput_mode=True, notes=tuple(notes))
+        return plan, notes
+    c_res = run(c_form, gap=gap, start_x=start_vector(c_form, g_nu, nu_prev))
+    c_got = decode_counts(c_form, c_res)
+    if c_got is None:
         notes.append(f"cost at alpha* ended {c_res.status.value} without a plan; plan is the max-alpha solution")
         return _with(fallback, status=c_res.status if c_res.status is not Status.INFEASIBLE else Status.ERROR,
                      notes=notes, solve_s=solve_s), notes
     status = c_res.status
     if g_status is not Status.OPTIMAL and status is Status.OPTIMAL:
         status = g_status  # alpha* itself was not proved optimal
-    plan = build_plan(inputs, cols, c_nu, nu_prev, method=method, status=status, solve_s=solve_s,
+    plan = build_plan(inputs, cols, c_got, nu_prev, method=method, status=status, solve_s=solve_s,
                       gap=_gap(c_res), objective=c_res.objective, goodput_mode=True, notes=tuple(notes))
     return plan, notes
 

@@ -139,3 +139,48 @@ def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_
         if not moved:
             break
     return nu
+
+
+def min_cost_incumbent(cols: Columns, nu_lp: np.ndarray, cost: np.ndarray, *, alpha: float = 1.0,
+                       ub: np.ndarray | None = None) -> np.ndarray | None:
+    """An integer `ν` within the availability that meets `alpha` × every group's demand, cheaply.
+
+    From `⌊ν_LP⌋` (feasible for the availability: usage is non-negative), each group short of its
+    demand gets one more instance at a time: the column, among those that still fit, with the
+    least cost per useful throughput (`cost_j / min(Θ_j, shortfall)`), until its demand is met.
+    The LP's fractional instances are where the cost ILP's optimum differs from the LP's, so the
+    result is close to the LP bound when instances are small against the demand.
+
+    Args:
+        cols: the candidate columns (availability in `cols.avail`).
+        nu_lp: the cost LP relaxation's `ν`.
+        cost: per column, what one more instance costs in the objective.
+        alpha: the demand fraction to meet.
+        ub: per-column upper bounds (default `cols.ub`).
+
+    Returns:
+        Instances per column (a new array), or None when some group cannot be covered.
+    """
+    ub = cols.ub if ub is None else ub
+    nu = np.minimum(np.floor(np.maximum(nu_lp, 0.0) + _TOL), ub).astype(np.int64)
+    rem = cols.avail.copy()
+    nz = np.flatnonzero(nu)
+    np.add.at(rem, cols.col_r[nz], -(cols.usage[cols.col_t[nz]].astype(float) * nu[nz, None]))
+    theta = cols.throughput[cols.col_t]
+    grp = cols.group[cols.col_t]
+    cap = np.zeros(len(cols.groups))
+    np.add.at(cap, grp, theta * nu)
+    need = alpha * cols.demand
+    for g in np.flatnonzero(cap < need):
+        cand = np.flatnonzero(grp == g)
+        while cap[g] < need[g]:
+            open_ = cand[nu[cand] < ub[cand]]
+            open_ = open_[_fits(cols, open_, rem) >= 1] if open_.size else open_
+            if open_.size == 0:
+                return None
+            short = need[g] - cap[g]
+            j = int(open_[np.argmin(cost[open_] / np.minimum(theta[open_], short))])
+            rem[cols.col_r[j]] -= cols.usage[cols.col_t[j]]
+            nu[j] += 1
+            cap[g] += theta[j]
+    return nu
