@@ -39,15 +39,17 @@ def test_taken_steps_cap_the_others_at_a_fair_share() -> None:
 
     from coral.experiments.fidelity import _taken_steps
 
-    # windows of 0.5 s: others used 1.5 cores with 3 runnable threads (fair-share cap 2 * 3 / 4 = 1.5,
-    # but never more than cores - 1 = 1), 0.8 cores with 1 thread (cap 2 * 1 / 2 = 1.0: kept),
-    # 0.3 cores with 0.5 threads (cap 2 * 0.5 / 1.5 = 0.667: kept), 0.2 cores with none sampled (cap 0)
-    meter = SimpleNamespace(taken=[(0.0, 1.5), (0.5, 0.8), (1.0, 0.3), (1.5, 0.2)], window_s=0.5, background=1.0,
-                            steps=[(0.1, 3.0), (0.3, 3.0), (0.6, 1.0), (0.9, 1.0), (1.2, 0.0), (1.4, 1.0), (1.7, 0.0)])
-    assert [(10.0, 1.0), (10.5, 0.8), (11.0, 0.3), (11.5, 0.0), (12.0, 0.0)] == _taken_steps(meter, 10.0, 2)
-    # on 4 cores the floor is 3 cores taken
-    assert [(0.0, 3.0), (0.5, 0.0)] == _taken_steps(SimpleNamespace(taken=[(0.0, 3.9)], window_s=0.5, background=9.0,
-                                                                    steps=[]), 0.0, 4)
-    # a window with no sample uses the mean runnable threads (1 -> cap 1.0)
-    assert [(0.0, 1.0), (0.5, 0.0)] == _taken_steps(SimpleNamespace(taken=[(0.0, 1.2)], window_s=0.5, background=1.0, steps=[]), 0.0, 2)
-    assert [] == _taken_steps(SimpleNamespace(taken=[], window_s=0.5, background=0.0, steps=[]), 0.0, 2)
+    # windows of 0.5 s on 2 cores, the runtime counted as 2 threads: others used 1.9 cores with 10
+    # runnable threads (cap 2 * 10 / 12 = 1.667), 1.5 with 2 threads (cap 2 * 2 / 4 = 1.0),
+    # 0.3 with 1 thread (cap 0.667: kept), 0.2 with none sampled (cap 0)
+    meter = SimpleNamespace(taken=[(0.0, 1.9), (0.5, 1.5), (1.0, 0.3), (1.5, 0.2)], window_s=0.5, background=1.0,
+                            steps=[(0.1, 10.0), (0.3, 10.0), (0.6, 2.0), (0.9, 2.0), (1.2, 1.0), (1.7, 0.0)])
+    got = _taken_steps(meter, 10.0, 2, 2.0)
+    assert [10.0, 10.5, 11.0, 11.5, 12.0] == [t for t, _ in got]
+    assert [2 * 10 / 12, 1.0, 0.3, 0.0, 0.0] == pytest.approx([v for _, v in got])
+    # against one runtime thread the neighbours keep more: 2 * 10 / 11, 2 * 2 / 3 = 1.333
+    assert [2 * 10 / 11, 4 / 3, 0.3, 0.0, 0.0] == pytest.approx([v for _, v in _taken_steps(meter, 10.0, 2, 1.0)])
+    # a window with no sample uses the mean runnable threads (1 -> cap 2 * 1 / 3)
+    one = SimpleNamespace(taken=[(0.0, 1.2)], window_s=0.5, background=1.0, steps=[])
+    assert [(0.0, pytest.approx(2 / 3)), (0.5, 0.0)] == _taken_steps(one, 0.0, 2, 2.0)
+    assert [] == _taken_steps(SimpleNamespace(taken=[], window_s=0.5, background=0.0, steps=[]), 0.0, 2, 2.0)
