@@ -730,7 +730,10 @@ def _report(s: dict[str, Any]) -> str:
         "",
         f"Load average (1, 5, 15 min) at the start {_loads(s['load_average']['start'])}, at the end "
         f"{_loads(s['load_average']['end'])}. During the replay this run used {s['cpu_during_replay']['ours_cores']:.2f} "
-        f"cores, other processes {s['cpu_during_replay']['others_cores']:.2f}.",
+        f"cores, other processes {s['cpu_during_replay']['others_cores']:.2f}; the simulator took "
+        f"{s['cpu_during_replay']['taken_cores_mean']:.2f} cores as theirs on average (`Hosts.taken`; without it: TTFT MAPE "
+        f"{_fmt(s['no_taken']['ttft_mape'])}, TPOT MAPE {_fmt(s['no_taken']['tpot_mape'])}). This run's threads waited "
+        f"for a core {s['cpu_during_replay']['ours_wait_share']:.0%} of the time they were runnable.",
         "",
         "![CDFs](fidelity_cdf.png)",
         "",
@@ -789,4 +792,4 @@ def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_
     if s.get("repeatability"):
         r = s["repeatability"]
         click.echo(f"run-to-run (real vs real): TTFT MAPE {r['ttft_mape']:.1%}, TPOT MAPE {r['tpot_mape']:.1%}")
-    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv")
+    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv, host_load.json")
