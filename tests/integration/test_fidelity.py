@@ -63,8 +63,16 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
     for metric in ("ttft", "tpot"):
         assert math.isfinite(s[metric]["mape"]) and s[metric]["mape"] < 3.0, (metric, s[metric])
         assert math.isfinite(s[metric]["p90_ape"])
-    for name in ("report.md", "fidelity_cdf.png", "requests.csv", "calibration.csv", "profile.csv", "cluster.yaml"):
+    for name in ("report.md", "fidelity_cdf.png", "requests.csv", "calibration.csv", "host_load.json", "profile.csv",
+                 "cluster.yaml"):
         assert (out / name).is_file(), name
+    # the other processes' cores were measured per window of every replay, within the host's cores
+    load = json.loads((out / "host_load.json").read_text())
+    assert ["calibration_before", "trace", "calibration_after"] == list(load)
+    assert load["trace"]["taken_cores"] and all(0 <= c <= s["cores"] + 0.5 for _, c in load["trace"]["taken_cores"])
+    assert 0 <= s["cpu_during_replay"]["taken_cores_mean"] < s["cores"]
+    assert 0 <= s["cpu_during_replay"]["ours_wait_share"] <= 1
+    assert math.isfinite(s["no_taken"]["ttft_mape"]) and math.isfinite(s["taken_vs_one_thread"]["tpot_mape"])
     from coral.experiments.report import table_problems
 
     assert [] == table_problems((out / "report.md").read_text())  # every row as wide as its header

@@ -12,7 +12,8 @@ before and after the trace, fit one node-time multiplier per phase; the simulato
 (and the warm-up) first, so its routers stand where the runtime's do when the trace starts.
 `--repeat` replays the trace twice to score the runtime against itself.
 Outputs in `--out`: summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv,
-the profile and the cluster file.
+host_load.json (what other processes took from the host while each replay ran), the profile and
+the cluster file.
 """
 from __future__ import annotations
 
@@ -265,6 +266,29 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
+def _taken_steps(meter: Any, offset: float, cores: float, against: float) -> list[tuple[float, float]]:
+    """The cores other processes used in each window of a replay (`CpuMeter.taken`), as `Hosts.taken`
+    steps from `offset` on (simulated time of the replay's start), back to 0 after the last window.
+
+    In a window, the others take at most `cores · k / (k + against)`, the share a fair scheduler
+    gives their `k` runnable threads (sampled there) against `against` runnable threads of the
+    runtime. The runtime's threads sleep between messages and Linux runs a thread that wakes
+    from sleep ahead of CPU-bound neighbours, so neighbours that used the cores while the runtime
+    slept do not keep them when it wakes: a few busy neighbours barely slow it, many do (measured
+    in docs/fidelity.md). The study counts the runtime as one thread per core (`against = cores`)."""
+    out: list[tuple[float, float]] = []
+    taken = meter.taken
+    steps = meter.steps
+    for i, (t, used) in enumerate(taken):
+        end = taken[i + 1][0] if i + 1 < len(taken) else math.inf
+        k = [v for s, v in steps if t <= s < end]
+        threads = float(np.mean(k)) if k else meter.background
+        out.append((offset + t, float(min(used, cores * threads / (threads + against)))))
+    if out:
+        out.append((offset + (taken[-1][0] + meter.window_s), 0.0))
+    return out
+
+
 def _runtime_lanes(template: Any) -> int:
     """Micro-batches the runtime's scheduler keeps in flight per instance: one group per stage (`micro_batches: 0`)."""
     return len(template.placement.stages)
@@ -288,6 +312,16 @@ def _compare(real: np.ndarray, sim: np.ndarray) -> dict[str, Any]:
         # quantile-matched error: what two CDFs side by side show (mean |Q_sim(q) - Q_real(q)| / Q_real(q))
         "cdf_mape": float(np.mean(np.abs(np.sort(sim) - np.sort(real)) / np.sort(real))),
     }  # fmt: skip
+
+
+def _variant(real_ttft: np.ndarray, real_tpot: np.ndarray, sel: np.ndarray, sim: tuple[Any, np.ndarray, np.ndarray]) -> dict[str, Any]:
+    """MAPE and the errors of mean / p50 / p90 / p99 of one simulator variant on the matched requests."""
+    _, ttft, tpot = sim
+    ok = sel & np.isfinite(tpot)
+    if not ok.any():
+        return {"ttft_mape": None, "tpot_mape": None}
+    t, p = _compare(real_ttft[ok], ttft[ok]), _compare(real_tpot[ok], tpot[ok])
+    return {"ttft_mape": t["mape"], "tpot_mape": p["mape"], "ttft_error_of": t["error_of"], "tpot_error_of": p["error_of"]}
 
 
 def _plot(path: Path, real_ttft: np.ndarray, sim_ttft: np.ndarray, real_tpot: np.ndarray, sim_tpot: np.ndarray,
@@ -430,8 +464,9 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         # measured over the calibration requests, per generated token.
         assert srv.proc is not None
         fe0 = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid())
-        cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
-                          vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
+        with CpuMeter() as cal_meter_before:
+            cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
+                              vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
         fe_cpu_s = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid()) - fe0
         fe_tokens = sum(r.received for r in cal_recs)
         say(f"replaying {len(trace)} requests ...")
@@ -444,14 +479,16 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
             recs2 = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                            vocab_size=int(config["vocab_size"]), seed=opts.seed)
         say("calibration again, after the trace (the host's speed drifts over minutes) ...")
-        cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
-                           vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
+        with CpuMeter() as cal_meter_after:
+            cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
+                               vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
     cal_group = np.tile(cal_group, 2)
     # Other jobs on this host are measured, not modelled: as fair-share competitors (`background`)
     # they slow the simulated engines far more than they slow the real ones (see docs/fidelity.md);
     # that variant is reported as `with_background`.
     say(f"replay: this run used {meter.ours_cores:.2f} cores, other processes {meter.others_cores:.2f} "
-        f"({meter.background:.2f} runnable threads on average)")
+        f"({meter.background:.2f} runnable threads on average); this run's threads waited for a core "
+        f"{meter.ours_wait_share:.0%} of the time they were runnable")
     runtime_s = time.perf_counter() - t_rt
     ok = np.array([not r.error for r in recs])
     errors = [f"#{r.index}: {r.error}" for r in recs if r.error]
@@ -466,8 +503,6 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     # The runtime's batching: S micro-batch groups per instance, waiting requests spread over them;
     # and its hardware: every engine process on this one host, sharing its cores.
     # ("independent": the simulator's defaults, every node its own server, the memory model's lanes.)
-    shared = Hosts.single(cores)
-
     def run_sim(sc: Any, tr: Any, hosts: Any, like_runtime: bool) -> Any:
         return simulate(sc, {name: tr}, initial, keep, duration_s=float(tr.arrival_s[-1]) + 600.0,
                         epoch_s=float(tr.arrival_s[-1]) + 600.0, init_s=0.0, seed=opts.seed,
@@ -486,19 +521,40 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     def run_trace(sc: Any, hosts: Any, like_runtime: bool) -> _Tail:
         return _Tail(run_sim(sc, routed, hosts, like_runtime), len(trace))
 
-    uncal = run_trace(sc_engine, shared, True)
+    # The cores other processes took from this host while each replay ran (measured, `CpuMeter.taken`):
+    # the capacity the runtime did not have. The calibration replays have their own measurements.
+    def taken_for(against: float) -> tuple[list[tuple[float, float]], list[list[tuple[float, float]]]]:
+        return (_taken_steps(meter, cal_end, cores, against),
+                [_taken_steps(m, warm_end, cores, against) for m in (cal_meter_before, cal_meter_after)])
+
+    taken_trace, taken_cal = taken_for(float(cores))
+    uncal = run_trace(sc_engine, Hosts.single(cores, taken=taken_trace), True)
     cal_routed = Trace(name=name, arrival_s=routed.arrival_s[: warm_at.size + len(cal)],
                        prompt_tokens=routed.prompt_tokens[: warm_at.size + len(cal)],
                        output_tokens=routed.output_tokens[: warm_at.size + len(cal)])
 
-    def cal_sim(work: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
-        res = _Tail(run_sim(sc_engine, cal_routed, Hosts.single(cores, frontend_work=work), True), len(cal))
-        return np.tile(res.ttft_s, 2), np.tile(res.tpot_s, 2)  # the same schedule, before and after the trace
+    def cal_sim_for(taken_cal: list[list[tuple[float, float]]]) -> Callable[[tuple[float, float]], tuple[np.ndarray, np.ndarray]]:
+        def cal_sim(work: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:
+            ttft, tpot = [], []
+            for taken in taken_cal:  # the same schedule, before and after the trace
+                res = _Tail(run_sim(sc_engine, cal_routed, Hosts.single(cores, frontend_work=work, taken=taken), True), len(cal))
+                ttft.append(res.ttft_s)
+                tpot.append(res.tpot_s)
+            return np.concatenate(ttft), np.concatenate(tpot)
+        return cal_sim
 
     fe_work = (0.0, fe_cpu_s / fe_tokens if fe_tokens else 0.0)
-    calibration, cal_ttft, cal_tpot = _calibrate(engine, cal_recs, cal_group, cal_sim, fe_work)
+    # the other fair-share rule for what the neighbours take (against one runtime thread), calibrated
+    # and run the same way, for comparison (`taken_vs_one_thread` in summary.json)
+    t1_trace, t1_cal = taken_for(1.0)
+    t1_calibration, _, _ = _calibrate(engine, cal_recs, cal_group, cal_sim_for(t1_cal), fe_work)
+    t1_load = (t1_calibration["frontend_work_ms"]["per_request"] / 1e3, t1_calibration["frontend_work_ms"]["per_token"] / 1e3)
+    t1_res = run_trace(sc_engine, Hosts.single(cores, frontend_work=t1_load, taken=t1_trace), True)
+    t1_sim = (t1_res.ttft_s + engine.frontend_s, t1_res.tpot_s, dict(engine.scale))
+    engine.scale = {Phase.PREFILL: 1.0, Phase.DECODE: 1.0}
+    calibration, cal_ttft, cal_tpot = _calibrate(engine, cal_recs, cal_group, cal_sim_for(taken_cal), fe_work)
     load = (calibration["frontend_work_ms"]["per_request"] / 1e3, calibration["frontend_work_ms"]["per_token"] / 1e3)
-    shared = Hosts.single(cores, frontend_work=load)
+    shared = Hosts.single(cores, frontend_work=load, taken=taken_trace)
     b, a = calibration["before"], calibration["after"]
     say(f"calibration: node time x{calibration['prefill_scale']:.3f} (prefill), x{calibration['decode_scale']:.3f} (decode); "
         f"front end (measured) {load[1] * 1e3:.2f} ms CPU per token. MAPE TTFT / TPOT: isolated "
@@ -508,12 +564,18 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     sims = {}
     for label, sc, hosts, like_runtime in (("engine", sc_engine, shared, True), ("table", scenario, shared, True),
                                            ("independent", sc_engine, None, False),
+                                           ("no_taken", sc_engine, Hosts.single(cores, frontend_work=load), True),
                                            ("with_background", sc_engine,
                                             Hosts.single(cores, background=[(cal_end + t, v) for t, v in meter.steps] or 0.0,
                                                          frontend_work=load), True)):
         res = run_trace(sc, hosts, like_runtime)
         ttft = res.ttft_s + (engine.frontend_s if sc is sc_engine else 0.0)
         sims[label] = (res, ttft, res.tpot_s)
+    fitted = dict(engine.scale)
+    engine.scale = {Phase.PREFILL: 1.0, Phase.DECODE: 1.0}  # the profile as measured, host model and front end on
+    res1 = run_trace(sc_engine, shared, True)
+    engine.scale = fitted
+    sims["scale_1"] = (res1, res1.ttft_s + engine.frontend_s, res1.tpot_s)
     res, sim_ttft, sim_tpot = sims["engine"]
     sim_done = np.isfinite(sim_tpot)
     both = ok & sim_done
@@ -529,6 +591,11 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     i_ok = both & np.isfinite(i_tpot)
     _, n_ttft, n_tpot = sims["with_background"]
     n_ok = both & np.isfinite(n_tpot)
+    sims["taken_vs_one_thread"] = (t1_res, t1_sim[0], t1_sim[1])
+    _, o_ttft, o_tpot = sims["scale_1"]
+    o_ok = both & np.isfinite(o_tpot)
+    _, k_ttft, k_tpot = sims["no_taken"]
+    k_ok = both & np.isfinite(k_tpot)
     u_ttft, u_tpot = uncal.ttft_s + engine.frontend_s, uncal.tpot_s
     u_ok = both & np.isfinite(u_tpot)
     summary: dict[str, Any] = {
@@ -546,14 +613,31 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         "calibration": calibration,
         "repeatability": _repeatability(recs, recs2),
         "uncalibrated": {"ttft_mape": float(_ape(u_ttft[u_ok], real_ttft[u_ok]).mean()) if u_ok.any() else None,
-                         "tpot_mape": float(_ape(u_tpot[u_ok], real_tpot[u_ok]).mean()) if u_ok.any() else None},
+                         "tpot_mape": float(_ape(u_tpot[u_ok], real_tpot[u_ok]).mean()) if u_ok.any() else None,
+                         "ttft_error_of": _compare(real_ttft[u_ok], u_ttft[u_ok])["error_of"] if u_ok.any() else None,
+                         "tpot_error_of": _compare(real_tpot[u_ok], u_tpot[u_ok])["error_of"] if u_ok.any() else None},
         "with_background": {"ttft_mape": float(_ape(n_ttft[n_ok], real_ttft[n_ok]).mean()) if n_ok.any() else None,
                           "tpot_mape": float(_ape(n_tpot[n_ok], real_tpot[n_ok]).mean()) if n_ok.any() else None},
+        "scale_1": {"ttft_mape": float(_ape(o_ttft[o_ok], real_ttft[o_ok]).mean()) if o_ok.any() else None,
+                    "tpot_mape": float(_ape(o_tpot[o_ok], real_tpot[o_ok]).mean()) if o_ok.any() else None,
+                    "ttft_error_of": _compare(real_ttft[o_ok], o_ttft[o_ok])["error_of"] if o_ok.any() else None,
+                    "tpot_error_of": _compare(real_tpot[o_ok], o_tpot[o_ok])["error_of"] if o_ok.any() else None},
+        "taken_vs_one_thread": {**_variant(real_ttft, real_tpot, both, sims["taken_vs_one_thread"]),
+                                "prefill_scale": t1_sim[2][Phase.PREFILL], "decode_scale": t1_sim[2][Phase.DECODE]},
+        "no_taken": {"ttft_mape": float(_ape(k_ttft[k_ok], real_ttft[k_ok]).mean()) if k_ok.any() else None,
+                     "tpot_mape": float(_ape(k_tpot[k_ok], real_tpot[k_ok]).mean()) if k_ok.any() else None,
+                     "ttft_error_of": _compare(real_ttft[k_ok], k_ttft[k_ok])["error_of"] if k_ok.any() else None,
+                     "tpot_error_of": _compare(real_tpot[k_ok], k_tpot[k_ok])["error_of"] if k_ok.any() else None},
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "sim_options": {"lanes": "one per stage", "spread": True, "host_cores": cores, "host_background": 0,
-                        "frontend_work_s": list(load)},
+                        "frontend_work_s": list(load), "host_taken": f"measured per {meter.window_s:g} s window (CpuMeter.taken)"},
         "cpu_during_replay": {"ours_cores": meter.ours_cores, "others_cores": meter.others_cores,
-                              "others_runnable_threads": meter.background, "samples": meter.samples},
+                              "others_runnable_threads": meter.background, "samples": meter.samples,
+                              "ours_wait_share": meter.ours_wait_share,
+                              "taken_cores_mean": float(np.mean([v for _, v in taken_trace])) if taken_trace else 0.0},
+        "cpu_during_calibration": [{"ours_cores": m.ours_cores, "others_cores": m.others_cores,
+                                    "others_runnable_threads": m.background, "ours_wait_share": m.ours_wait_share}
+                                   for m in (cal_meter_before, cal_meter_after)],
         "sim_utilization": {f"{m}/{ph}": res.full.summary(timing=False)["per_model"][m][ph]["utilization"]
                             for m in [name] for ph in ("prefill", "decode")},
         "frontend_ms": engine.frontend_s * 1e3, "decode_step_extra_ms": engine.step_extra_s * 1e3,
@@ -586,6 +670,9 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
              f"TPOT MAPE {cmp_tpot['mape']:.1%}")
     _plot(out / "fidelity_cdf.png", real_ttft[both], sim_ttft[both], real_tpot[both], sim_tpot[both],
           b_ttft[b_ok] if b_ok.sum() == both.sum() else None, b_tpot[b_ok] if b_ok.sum() == both.sum() else None, title)
+    (out / "host_load.json").write_text(json.dumps({
+        label: {"window_s": m.window_s, "taken_cores": m.taken, "others_runnable_threads": m.steps}
+        for label, m in (("calibration_before", cal_meter_before), ("trace", meter), ("calibration_after", cal_meter_after))}) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
     (out / "report.md").write_text(_report(summary))
     return summary
@@ -643,7 +730,10 @@ def _report(s: dict[str, Any]) -> str:
         "",
         f"Load average (1, 5, 15 min) at the start {_loads(s['load_average']['start'])}, at the end "
         f"{_loads(s['load_average']['end'])}. During the replay this run used {s['cpu_during_replay']['ours_cores']:.2f} "
-        f"cores, other processes {s['cpu_during_replay']['others_cores']:.2f}.",
+        f"cores, other processes {s['cpu_during_replay']['others_cores']:.2f}; the simulator took "
+        f"{s['cpu_during_replay']['taken_cores_mean']:.2f} cores as theirs on average (`Hosts.taken`; without it: TTFT MAPE "
+        f"{_fmt(s['no_taken']['ttft_mape'])}, TPOT MAPE {_fmt(s['no_taken']['tpot_mape'])}). This run's threads waited "
+        f"for a core {s['cpu_during_replay']['ours_wait_share']:.0%} of the time they were runnable.",
         "",
         "![CDFs](fidelity_cdf.png)",
         "",
@@ -702,4 +792,4 @@ def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_
     if s.get("repeatability"):
         r = s["repeatability"]
         click.echo(f"run-to-run (real vs real): TTFT MAPE {r['ttft_mape']:.1%}, TPOT MAPE {r['tpot_mape']:.1%}")
-    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv")
+    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv, host_load.json")

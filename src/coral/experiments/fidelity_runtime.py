@@ -147,13 +147,6 @@ def proc_cpu_s(pid: int) -> float:
     return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _tree_cpu_s(root: int) -> float:
-    """CPU seconds of process `root` and its live descendants (with their reaped children), from /proc."""
-    hz = os.sysconf("SC_CLK_TCK")
-    cpu, keep = _tree(root)
-    return sum(cpu.get(p, 0.0) for p in keep) / hz
-
-
 def _tree(root: int) -> tuple[dict[int, float], set[int]]:
     """(pid -> CPU ticks of every process, the pids of `root` and its live descendants), from /proc."""
     parent: dict[int, int] = {}
@@ -193,51 +186,100 @@ def _running(paths: list[str]) -> int:
     return n
 
 
+def _ticks(pids: Sequence[int]) -> float:
+    """CPU ticks (user + system, with reaped children) of these processes, from /proc; a gone one counts 0."""
+    n = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                data = f.read()
+        except OSError:
+            continue
+        n += float(sum(int(x) for x in data[data.rfind(")") + 2:].split()[11:15]))
+    return n
+
+
+def _schedstat(tasks: Sequence[str]) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) summed over these /proc/.../task/<tid> folders."""
+    run = wait = 0.0
+    for t in tasks:
+        try:
+            with open(f"{t}/schedstat") as f:
+                a, b = f.read().split()[:2]
+        except (OSError, ValueError):
+            continue
+        run += int(a) / 1e9
+        wait += int(b) / 1e9
+    return run, wait
+
+
 class CpuMeter:
     """What other processes on the host (not this one and its descendants) did over a period.
 
     * `steps`: their runnable threads, sampled every `period_s` (the kernel's running count in
       /proc/loadavg minus this tree's runnable tasks) as (seconds since entering, threads): the
       competitors a fair CPU scheduler shares the cores with; `background` is their mean.
+    * `taken`: the cores they used in each `window_s` window, as (seconds since entering, cores):
+      the host's busy time (/proc/stat) minus this tree's, per second of wall time. This is the
+      capacity the runtime did not get (`Hosts.taken` in the simulator).
     * `others_cores` / `ours_cores`: CPU they / this tree used (cores, averaged over the period).
-      CPU-bound neighbours soak up whatever is idle, so `others_cores` is not capacity taken away.
+      CPU-bound neighbours soak up whatever is idle, so `others_cores` is not capacity taken away
+      from a runtime that was idle; in a window where the runtime is busy, it is.
+    * `ours_wait_share`: of the time this tree's threads were runnable, the share they spent
+      waiting for a core (/proc/<pid>/task/<tid>/schedstat): how much the host slowed them.
 
     Linux only (reads /proc); elsewhere everything stays 0.
     """
 
-    def __init__(self, period_s: float = 0.1) -> None:
+    def __init__(self, period_s: float = 0.1, window_s: float = 1.0) -> None:
         self.period_s = period_s
+        self.window_s = window_s
         self.others_cores = 0.0
         self.ours_cores = 0.0
         self.background = 0.0
+        self.ours_wait_share = 0.0
         self.samples = 0
         self.steps: list[tuple[float, float]] = []
+        self.taken: list[tuple[float, float]] = []
         self._t0 = self._host0 = self._ours0 = 0.0
+        self._sched0 = (0.0, 0.0)
+        self._pids: list[int] = []
+        self._tasks: list[str] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sum = 0.0
 
     def _sample(self, tasks: list[str]) -> None:
         me = f"/proc/{os.getpid()}/task"
+        hz = os.sysconf("SC_CLK_TCK")
+        w_t, w_host, w_ours = 0.0, self._host0, self._ours0
         while not self._stop.wait(self.period_s):
+            now = time.perf_counter() - self._t0
             try:
                 with open("/proc/loadavg") as f:
                     running = int(f.read().split()[3].split("/")[0])
                 ours = _running(tasks + [f"{me}/{t}/stat" for t in os.listdir(me)])
+                if now - w_t >= self.window_s:
+                    host, mine = _host_busy_s(), _ticks(self._pids) / hz
+                    self.taken.append((w_t, max(0.0, (host - w_host - (mine - w_ours)) / (now - w_t))))
+                    w_t, w_host, w_ours = now, host, mine
             except (OSError, ValueError, IndexError):
                 continue
             n = max(0, running - ours)
-            self.steps.append((time.perf_counter() - self._t0, float(n)))
+            self.steps.append((now, float(n)))
             self._sum += n
             self.samples += 1
 
     def __enter__(self) -> CpuMeter:
         self._t0 = time.perf_counter()
         try:
-            self._host0, self._ours0 = _host_busy_s(), _tree_cpu_s(os.getpid())
             _, tree = _tree(os.getpid())
-            tasks = [f"/proc/{p}/task/{t}/stat" for p in sorted(tree - {os.getpid()})
-                     for t in (os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ())]
+            self._pids = sorted(tree)
+            self._host0, self._ours0 = _host_busy_s(), _ticks(self._pids) / os.sysconf("SC_CLK_TCK")
+            self._tasks = [f"/proc/{p}/task/{t}" for p in self._pids
+                           for t in (os.listdir(f"/proc/{p}/task") if os.path.isdir(f"/proc/{p}/task") else ())]
+            self._sched0 = _schedstat(self._tasks)
+            tasks = [f"{t}/stat" for t in self._tasks if not t.startswith(f"/proc/{os.getpid()}/")]
         except (OSError, ValueError, IndexError):
             self._t0 = -1.0
             return self
@@ -255,12 +297,15 @@ class CpuMeter:
             self.background = self._sum / self.samples
         wall = time.perf_counter() - self._t0
         try:
-            host, ours = _host_busy_s() - self._host0, _tree_cpu_s(os.getpid()) - self._ours0
+            host, ours = _host_busy_s() - self._host0, _ticks(self._pids) / os.sysconf("SC_CLK_TCK") - self._ours0
+            run, wait = (b - a for a, b in zip(self._sched0, _schedstat(self._tasks), strict=True))
         except (OSError, ValueError, IndexError):
             return
         if wall > 0:
             self.ours_cores = max(0.0, ours / wall)
             self.others_cores = max(0.0, (host - ours) / wall)
+        if run + wait > 0:
+            self.ours_wait_share = wait / (run + wait)
 
 
 @dataclass(slots=True)

@@ -35,8 +35,8 @@ LanesFn = Callable[[Template], int]
 
 # Event kinds, which double as priorities at equal times: work completes before new work
 # arrives, and the epoch boundary sees the state after everything at its instant.
-# A host's background load changes last (host model only).
-_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH, _BACKGROUND = range(8)
+# A host's background load, and the cores outside processes take from it, change last (host model only).
+_FINISH, _NODE_ARRIVE, _KV_ARRIVE, _READY, _RETIRE, _ARRIVAL, _EPOCH, _BACKGROUND, _TAKEN = range(9)
 
 # Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
 # that the performance model is asked once per (node, batch, context bucket), not once a step.
@@ -50,13 +50,14 @@ _WAITING, _PREFILL, _DECODE, _DONE, _FAILED = range(5)
 class _Host:
     """A machine whose cores the busy nodes on it share equally (processor sharing)."""
 
-    __slots__ = ("background", "busy", "cores", "name", "rate")
+    __slots__ = ("background", "busy", "cores", "name", "rate", "taken")
 
     def __init__(self, name: str, cores: float, background: float) -> None:
         self.name = name
         self.cores = cores
         self.background = background  # always-runnable threads from outside the cluster
-        self.rate = 1.0  # speed of every busy node on the host: min(1, cores / (len(busy) + background))
+        self.taken = 0.0  # cores used by processes outside the cluster (measured), < cores
+        self.rate = 1.0  # speed of every busy node: min(1, (cores - taken) / (len(busy) + background))
         self.busy: dict[_Node, None] = {}  # insertion-ordered, so re-planning is deterministic
 
 
@@ -276,6 +277,9 @@ class _Sim:
             elif kind == _BACKGROUND:
                 a.background = b
                 self._rerate(t, a)
+            elif kind == _TAKEN:
+                a.taken = b
+                self._rerate(t, a)
             else:
                 self._epoch(t)
         self.events = events
@@ -330,6 +334,11 @@ class _Sim:
                     h.background = threads
                 else:
                     self.push(at, _BACKGROUND, h, threads)
+            for at, cores in self.hosts.taken_steps(name):
+                if at <= now:
+                    h.taken = cores
+                else:
+                    self.push(at, _TAKEN, h, cores)
         return h
 
     def _frontend_work(self, t: float, work: float) -> None:
@@ -499,14 +508,14 @@ class _Sim:
 
     # -- host model (processor sharing) -----------------------------------------------------------
     def _rerate(self, t: float, host: _Host, new: _Node | None = None) -> None:
-        """The host's busy count changed: every busy node's speed is min(1, cores / (busy + background)).
+        """The host's busy count changed: every busy node's speed is min(1, (cores - taken) / (busy + background)).
 
         Nodes already running are advanced to `t` at the old speed and, if the speed changed,
         get a new finish event (the old one becomes stale through the version); `new` (just
         started, its work in `rem`) always gets one.
         """
         n = len(host.busy)
-        rate = min(1.0, host.cores / (n + host.background)) if n else 1.0
+        rate = min(1.0, (host.cores - host.taken) / (n + host.background)) if n else 1.0
         old = host.rate
         if rate != old:
             host.rate = rate
@@ -829,7 +838,7 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
             instance (held sequences per slot) in the prefill's region first; "wrr": the paper's
             smooth weighted round-robin ∝ template throughput (`coral.policy.routing`).
         hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
-            cores, a busy node running at speed `min(1, cores / (busy nodes on the host + background))`.
+            cores, a busy node running at speed `min(1, (cores - taken) / (busy nodes on the host + background))`.
 
     Returns:
         The run's `SimResult`.

@@ -181,6 +181,30 @@ def test_background_steps_change_the_speed_mid_run(core) -> None:  # noqa: ANN00
         Hosts.single(1, background=((1.0, 0.0), (0.5, 1.0)))
 
 
+def test_taken_cores_are_capacity_gone(core) -> None:  # noqa: ANN001
+    # Two nodes busy from 0 (1 s of work each) on 2 cores of which outside processes use 1: they
+    # share the one left, speed 1/2 -> both done at 2 s. Alone on 1.5 cores left: speed 1 -> 1 s.
+    np.testing.assert_allclose(_prefill_pair(core, [0.0, 0.0], Hosts.single(2, taken=1.0)).ttft_s, [2.0, 2.0])
+    np.testing.assert_allclose(_prefill_pair(core, [0.0], Hosts.single(2, taken=0.5)).ttft_s, [1.0])
+    # one node on 2 cores with 1.5 taken: speed 0.5 -> 2 s (3 background threads would give min(1, 2/4) too,
+    # but two nodes would then run at 2/5 each, not 1/4)
+    np.testing.assert_allclose(_prefill_pair(core, [0.0], Hosts.single(2, taken=1.5)).ttft_s, [2.0])
+    np.testing.assert_allclose(_prefill_pair(core, [0.0, 0.0], Hosts.single(2, taken=1.5)).ttft_s, [4.0, 4.0])
+    with pytest.raises(ValueError, match=r"taken must be a finite number >= 0 and < its 2 cores"):
+        Hosts.single(2, taken=2.0)
+    with pytest.raises(ValueError, match="taken for unknown host"):
+        Hosts(cores={"a": 1}, taken={"b": 0.5})
+
+
+def test_taken_steps_change_the_speed_mid_run(core) -> None:  # noqa: ANN001
+    # One core, 1 s of work from 0; outside processes use 0.5 of it from 0.5 to 1.0:
+    # 0-0.5 speed 1 (0.5 left); 0.5-1.0 speed 1/2 (0.25 left); then speed 1: ends 1.25.
+    hosts = Hosts.single(1, taken=((0.5, 0.5), (1.0, 0.0)))
+    np.testing.assert_allclose(_prefill_pair(core, [0.0], hosts).ttft_s, [1.25])
+    with pytest.raises(ValueError, match="taken steps must be in increasing time"):
+        Hosts.single(1, taken=((1.0, 0.0), (0.5, 0.5)))
+
+
 def test_frontend_work_competes_for_the_cores(core) -> None:  # noqa: ANN001
     # One request at 0 on a 1-s prefill pass, one core, 0.5 s of front-end work per request on
     # arrival. 0-1.0: the front end and the node share the core (speed 1/2): the front end's 0.5 s
