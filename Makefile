@@ -13,9 +13,12 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# Re-install when the package metadata changes.
+# Re-install when the package metadata changes. An editable install writes no bytecode, and
+# this environment may forbid writing it on import (PYTHONDONTWRITEBYTECODE): compile it once,
+# as `pip install` of a wheel does, so every `coral` process doesn't recompile the sources.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,runtime]'
+	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
 $(SKY_STAMP): pyproject.toml
@@ -32,6 +35,7 @@ test: $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest
 
 bench: $(STAMP)
+	$(BIN)/python -m compileall -q src
 	$(BIN)/python bench/run.py $(if $(FULL),--full,) $(if $(QUICK),--quick,)
 
 calibrate: $(STAMP)
