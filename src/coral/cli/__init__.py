@@ -2,6 +2,8 @@
 calls the core and writes output (parse -> load config -> call the core -> write outputs)."""
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from coral import __version__
@@ -17,7 +19,44 @@ from coral.cli_support import CoralGroup
 __all__ = ["main"]
 
 
-@click.group(cls=CoralGroup)
+# The commands whose modules are heavy to import (the experiments, the runtime, the deploy
+# writers) are imported only when they run or `coral --help` lists them, so that `coral plan` and
+# `coral templates show` don't pay for them. name -> (module, attribute).
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "experiment": ("coral.experiments.cli", "experiment"),
+    "export": ("coral.runtime.deploy.cli", "export_cmd"),
+    # these need the runtime extra (torch, pyzmq): without it they are not commands at all
+    "serve": ("coral.runtime.cli", "serve"),
+    "keys": ("coral.runtime.cli", "keys"),
+    "bench": ("coral.runtime.loadgen", "bench_serve"),
+    "profile": ("coral.experiments.profile_cmd", "profile"),
+}
+
+
+class _LazyGroup(CoralGroup):
+    """`CoralGroup` whose :data:`LAZY_COMMANDS` are imported on first use."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands or cmd_name not in LAZY_COMMANDS:
+            return self.commands.get(cmd_name)
+        module, attr = LAZY_COMMANDS[cmd_name]
+        try:
+            cmd: click.Command = getattr(importlib.import_module(module), attr)
+        except ImportError:  # an extra that isn't installed
+            return None
+        self.add_command(cmd, cmd_name)
+        return cmd
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *(n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None)})
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
+        if self.get_command(ctx, click.utils.make_str(args[0])) is None:
+            self.list_commands(ctx)  # a misspelt command: every name for click's "did you mean"
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=_LazyGroup)
 @click.version_option(__version__, prog_name="coral")
 def main() -> None:
     """Coral: plan, simulate and serve many LLMs on heterogeneous cloud GPUs at the lowest cost
@@ -39,43 +78,3 @@ def main() -> None:
 
 for _command in (catalog, perf_cmd, scenario, calibrate_cmd, templates, plan_cmd, simulate_cmd, demo):
     main.add_command(_command)
-
-
-def _register_experiments() -> None:
-    from coral.experiments.cli import experiment
-
-    main.add_command(experiment)
-
-
-_register_experiments()
-
-
-def _register_optional() -> None:
-    """Commands whose modules need the runtime extra (torch, zmq) are added only when importable;
-    their heavy imports happen when they run."""
-    try:
-        from coral.runtime.cli import keys, serve
-        from coral.runtime.loadgen import bench_serve
-    except ImportError:
-        return
-    main.add_command(serve)
-    main.add_command(keys)
-    main.add_command(bench_serve)
-    try:
-        from coral.experiments.profile_cmd import profile
-    except ImportError:
-        return
-    main.add_command(profile)
-
-
-_register_optional()
-
-
-def _register_deploy() -> None:
-    """`coral export` (plan -> SkyPilot / vLLM files) needs no runtime extra."""
-    from coral.runtime.deploy.cli import export_cmd
-
-    main.add_command(export_cmd)
-
-
-_register_deploy()
