@@ -557,6 +557,7 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     elif start_x is not None and alpha_0 > 0 and g_lp is not None and g_lp.reduced_costs is not None:
         # a bound from feasibility MILPs at α fixed, then the max-α MILP on the columns reduced-cost
         # fixing keeps against the better plan
+        alpha_until = time.perf_counter() + remaining() * GOODPUT_ALPHA_SHARE  # the probes are part of α's share
         nu0, probe_bound, probes = _alpha_bound_probes(inputs, cols, nu_prev, g_form, g_lp,
                                                        start_x[:g_form.n].astype(np.int64), alpha_lp, run, gap,
                                                        remaining() * PROBE_SHARE)
@@ -566,7 +567,7 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
             g_nu, g_status, alpha_bound = nu0, Status.OPTIMAL, probe_bound
         else:
             g_nu, g_status, _, _, alpha_bound, how = polish(
-                "goodput", 1.0, g_form, g_lp, nu0, gap=gap, limit=remaining() * GOODPUT_ALPHA_SHARE,
+                "goodput", 1.0, g_form, g_lp, nu0, gap=gap, limit=max(alpha_until - time.perf_counter(), 0.05),
                 use_start=GOODPUT_ALPHA_START, alpha_cap=probe_bound)
             alpha_bound = min(alpha_bound, probe_bound)
             alpha_got = float(served(cols, g_nu).min())
