@@ -22,6 +22,8 @@ ALPHA_RESOLUTION = 1e-7  # CP-SAT grid step of the continuous alpha
 GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative gap (or mip_gap, if looser)
 GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
 GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
+PROBE_SHARE = 0.15  # of the time left, what those probes may use together
+PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
 FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
 REDUCE_COLUMNS = 20_000
 MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced cost mode gets (see `polish`)  # cost mode from this many columns: rounded LP plan + reduced-cost fixing first
@@ -318,6 +320,65 @@ def _alpha_on_ranked(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     return nu, status, 1.0, how
 
 
+def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, g_form: Formulation,
+                        g_lp: SolveResult, nu0: np.ndarray, alpha_lp: float, run: Callable[..., SolveResult],
+                        gap: float, limit: float) -> tuple[np.ndarray, float, str]:
+    """A tighter bound on goodput mode's α than the max-α LP's `alpha_lp`, and maybe a better plan
+    than `nu0`, from feasibility MILPs at α fixed.
+
+    The max-α MILP's LP bound is weak (`Σ Θ ν − D·α ≥ 0` with α a variable is no knapsack), but
+    with α fixed the demand rows are knapsack covers HiGHS's presolve and cuts tighten: on the
+    synthetic scarce seed 2 it proves α = 0.4862 infeasible in 0.1 s and 0.4845 in about 1 s,
+    where the max-α MILP's bound is still 0.4868 after 30 s. Near the true optimum both the
+    proofs and the plans get hard, so the probes go down from the bound, an eighth of the interval
+    [α of `nu0`, bound] at a time, each for at most `PROBE_S`: an infeasibility proof lowers the
+    bound to the probed α (valid: every plan serves less), a plan raises the incumbent (to the α
+    it serves). After a time-out the probes bisect between it and the bound; they end at a second
+    time-out, at a first one before any proof (the instance is hard right below its LP bound;
+    that first probe gets half of `PROBE_S`),
+    when the two are within an eighth of the gap, or when the time is up. Each probe has only the columns
+    reduced-cost fixing keeps for its α (in the max-α LP, a column of reduced cost above
+    `alpha_lp − α` is 0 in every plan serving α).
+
+    Returns (ν, α bound, a summary of the probes for the notes)."""
+    deadline = time.perf_counter() + limit
+    d = -np.asarray(g_lp.reduced_costs, dtype=float)[:g_form.n]  # maximizing: reduced costs ≤ 0 at the bound
+    used = np.asarray(g_lp.x, dtype=float)[:g_form.n] > 1e-9
+    best, lo, hi = nu0, float(served(cols, nu0).min()), alpha_lp
+    hard = -math.inf  # the highest α a probe timed out at: no probe goes below it again
+    timeouts = 0
+    log: list[str] = []
+    while lo > 0 and (hi - lo) / lo > gap and (hi - hard) / lo > gap / 8:
+        left = deadline - time.perf_counter()
+        if left < 0.05:
+            break
+        a = max(hi - (hi - lo) / 8, lo * (1 + gap / 2), (hi + hard) / 2)
+        keep = np.flatnonzero((d <= alpha_lp - a + 1e-9 * max(alpha_lp, 1.0)) | used | (nu_prev > 0))
+        sub_cols = _sub_columns(cols, keep)
+        form = formulate(inputs, sub_cols, nu_prev[keep], mode="cost", alpha=a)
+        feas = replace(form, model=replace(form.model, c=np.zeros_like(form.model.c)))
+        res = run(feas, limit=min(left, PROBE_S if hi < alpha_lp else PROBE_S / 2), gap=gap)
+        got = decode_counts(feas, res)
+        if res.status is Status.INFEASIBLE:
+            hi = a
+            log.append(f"{a:.5g} infeasible ({res.wall_s:.1f} s)")
+            continue
+        if got is not None:
+            nu = np.zeros(cols.num_cols, dtype=np.int64)
+            nu[keep] = got
+            alpha = float(served(cols, nu).min())
+            if alpha > lo:
+                best, lo = nu, alpha
+            log.append(f"{a:.5g} feasible (alpha {alpha:.5g}, {res.wall_s:.1f} s)")
+            continue
+        log.append(f"{a:.5g} {res.status.value} ({res.wall_s:.1f} s)")
+        hard, timeouts = a, timeouts + 1
+        if timeouts >= 2 or hi == alpha_lp:
+            break  # hard this close to the bound already: the time is better spent on plans
+    how = "; ".join(log) if log else "none"
+    return best, hi, how
+
+
 def _sub_columns(cols: Columns, idx: np.ndarray) -> Columns:
     return replace(cols, col_t=cols.col_t[idx], col_r=cols.col_r[idx], price=cols.price[idx], ub=cols.ub[idx])
 
@@ -361,7 +422,7 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
 
     def polish(mode: Mode, alpha: float, form: Formulation, lp: SolveResult, nu0: np.ndarray, *, gap: float,
                limit: float | None = None,
-               use_start: bool = True) -> tuple[np.ndarray, Status, float, float, float, str]:
+               use_start: bool = True, alpha_cap: float = 1.0) -> tuple[np.ndarray, Status, float, float, float, str]:
         """The MIP on the columns reduced-cost fixing keeps (`reduced_cost_keep`, from the LP `lp`
         of `form` and the incumbent `nu0`), started from `nu0` when `use_start`. Returns
         (ν, status, gap, objective, bound, which columns the MIP had, for the notes); the gap is against the better of the LP's
@@ -394,6 +455,10 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         keep |= nu_prev > 0
         idx = np.flatnonzero(keep)
         sub_form = formulate(inputs, _sub_columns(cols, idx), nu_prev[idx], mode=mode, alpha=alpha)
+        if sub_form.alpha_col is not None and alpha_cap < 1.0:  # a proven bound on α: no plan serves more
+            upper = sub_form.model.col_upper.copy()
+            upper[sub_form.alpha_col] = alpha_cap
+            sub_form = replace(sub_form, model=replace(sub_form.model, col_upper=upper))
         res = run(sub_form, limit=limit, gap=gap,
                   start_x=point(sub_form, nu0[idx], nu_prev[idx]) if use_start else None)
         got = decode_counts(sub_form, res)
@@ -490,11 +555,24 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         g_nu = start_x[:g_form.n].astype(np.int64)
         g_status, alpha_bound = Status.OPTIMAL, alpha_lp  # the LP bound proves the rounded plan
     elif start_x is not None and alpha_0 > 0 and g_lp is not None and g_lp.reduced_costs is not None:
-        # reduced-cost fixing against the rounded plan: only columns that can raise α beyond it
-        g_nu, g_status, _, _, alpha_bound, how = polish(
-            "goodput", 1.0, g_form, g_lp, start_x[:g_form.n].astype(np.int64), gap=gap,
-            limit=remaining() * GOODPUT_ALPHA_SHARE, use_start=GOODPUT_ALPHA_START)
-        notes.append(f"alpha ILP on {how}")
+        # a bound from feasibility MILPs at α fixed, then the max-α MILP on the columns reduced-cost
+        # fixing keeps against the better plan
+        alpha_until = time.perf_counter() + remaining() * GOODPUT_ALPHA_SHARE  # the probes are part of α's share
+        nu0, probe_bound, probes = _alpha_bound_probes(inputs, cols, nu_prev, g_form, g_lp,
+                                                       start_x[:g_form.n].astype(np.int64), alpha_lp, run, gap,
+                                                       remaining() * PROBE_SHARE)
+        notes.append(f"alpha bounds from feasibility MILPs at alpha fixed: {probes}")
+        alpha_got = float(served(cols, nu0).min())
+        if (probe_bound - alpha_got) / alpha_got <= gap:
+            g_nu, g_status, alpha_bound = nu0, Status.OPTIMAL, probe_bound
+        else:
+            g_nu, g_status, _, _, alpha_bound, how = polish(
+                "goodput", 1.0, g_form, g_lp, nu0, gap=gap, limit=max(alpha_until - time.perf_counter(), 0.05),
+                use_start=GOODPUT_ALPHA_START, alpha_cap=probe_bound)
+            alpha_bound = min(alpha_bound, probe_bound)
+            alpha_got = float(served(cols, g_nu).min())
+            g_status = Status.OPTIMAL if (alpha_bound - alpha_got) / alpha_got <= gap else g_status
+            notes.append(f"alpha ILP on {how}")
     else:
         # Not started from the rounded plan: HiGHS's own heuristics, measured on the synthetic
         # scarce cases, find better plans from scratch; the rounded plan is kept as a fallback.
