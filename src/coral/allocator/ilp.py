@@ -25,8 +25,8 @@ GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, no
 PROBE_SHARE = 0.15  # of the time left, what those probes may use together
 PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
 FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
-REDUCE_COLUMNS = 20_000
-MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced cost mode gets (see `polish`)  # cost mode from this many columns: rounded LP plan + reduced-cost fixing first
+REDUCE_COLUMNS = 20_000  # from this many columns, cost mode starts from a rounded LP plan + reduced-cost fixing
+MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced-cost mode gets (see `polish`)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
