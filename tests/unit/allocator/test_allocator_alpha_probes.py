@@ -19,7 +19,11 @@ def _run(form, *, limit=None, gap=None, start_x=None):
     return solve(form.model, SolveOptions(backend="highs", time_limit_s=limit or 30, mip_gap=gap or 1e-9))
 
 
-@pytest.mark.parametrize("seed", range(10))
+# the draws of range(10) where the rounded LP plan is short of the LP bound (5, 7 and 9 leave nothing to probe)
+PROBE_SEEDS = (0, 1, 2, 3, 4, 6, 8)
+
+
+@pytest.mark.parametrize("seed", PROBE_SEEDS)
 def test_probe_bound_brackets_the_optimal_alpha(seed):
     scenario, library, demand = instance(seed, avail_hi=3)
     inputs = build_inputs(scenario, library, demand=demand)
@@ -33,8 +37,7 @@ def test_probe_bound_brackets_the_optimal_alpha(seed):
     alpha_lp = min(float(lp.objective), 1.0)
     nu0 = max_alpha_incumbent(cols, lp.x[:g_form.n], ub=g_form.model.col_upper[:g_form.n])
     alpha0 = float(served(cols, nu0).min())
-    if alpha0 <= 0 or alpha_lp >= 1.0 or (alpha_lp - alpha0) / alpha0 <= 1e-3:
-        pytest.skip("nothing to probe on this draw")
+    assert alpha0 > 0 and alpha_lp < 1.0 and (alpha_lp - alpha0) / alpha0 > 1e-3, "a draw with nothing to probe"
     nu, bound, how = _alpha_bound_probes(inputs, cols, prev, g_form, lp, nu0, alpha_lp, _run, 1e-3, 20.0)
     assert how != "none"
     alpha = float(served(cols, nu).min())
