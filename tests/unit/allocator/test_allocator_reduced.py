@@ -52,7 +52,11 @@ def instance(seed: int, avail_hi: int = 8):
     return scenario, make_library(templates), demand
 
 
-@pytest.mark.parametrize("seed", range(12))
+# the draws of range(12) that can be met and rounded (2 and 4 cannot be met, 7 has no rounding)
+FIXING_SEEDS = (0, 1, 3, 5, 6, 8, 9, 10, 11)
+
+
+@pytest.mark.parametrize("seed", FIXING_SEEDS)
 def test_reduced_cost_fixing_keeps_the_optimum(seed):
     scenario, library, demand = instance(seed)
     inputs = build_inputs(scenario, library, demand=demand)
@@ -61,11 +65,9 @@ def test_reduced_cost_fixing_keeps_the_optimum(seed):
     form = formulate(inputs, cols, prev)
     lp = solve(_relaxed(form).model)
     full = solve(form.model, EXACT)
-    if lp.status is not Status.OPTIMAL or full.status is not Status.OPTIMAL:
-        pytest.skip("demand cannot be met on this draw")
+    assert lp.status is Status.OPTIMAL and full.status is Status.OPTIMAL, "a draw whose demand cannot be met"
     nu0 = min_cost_incumbent(cols, lp.x[:form.n], form.model.c[:form.n], ub=form.model.col_upper[:form.n])
-    if nu0 is None:
-        pytest.skip("no rounding on this draw")
+    assert nu0 is not None, "a draw with no rounding"
     assert (served(cols, nu0) >= 1.0).all()  # meets every demand
     used = np.zeros_like(cols.avail)
     np.add.at(used, cols.col_r, cols.usage[cols.col_t] * nu0[:, None])
