@@ -1,6 +1,7 @@
 """Hand-made scenarios and templates for the allocator tests (no library build needed)."""
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from functools import lru_cache
@@ -55,3 +56,31 @@ def demand_of(values: Mapping[tuple[str, Phase], float], models: Iterable[str]) 
     out = {(m, ph): 0.0 for m in models for ph in (P, D)}
     out.update(values)
     return out
+
+
+def random_instance(seed: int, *, tries: int, demand: tuple[float, float],
+                    avail: int | None = None, avail_range: tuple[int, int] | None = None
+                    ) -> tuple[Scenario, TemplateLibrary, dict[tuple[str, Phase], float]]:
+    """A seeded two-model, two-region, three-configuration instance: prices, up to `tries` distinct
+    one-stage templates per (model, phase), availability `avail` everywhere or drawn from
+    `avail_range`, and demand drawn from `demand` (tok/s), in that order of draws."""
+    rng = random.Random(seed)
+    regions, configs = ["r1", "r2"], ["A", "B", "C"]
+    prices = {(r, c): round(rng.uniform(0.5, 4.0), 2) for r in regions for c in configs}
+    templates = []
+    for m in ("m1", "m2"):
+        for ph in (P, D):
+            seen = set()
+            for _ in range(tries):
+                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
+                if nodes not in seen:  # one template per multiset, as in a library
+                    seen.add(nodes)
+                    templates.append(make_template(m, ph, nodes, round(rng.uniform(20, 200), 1)))
+    if avail_range is not None:
+        availability = {k: rng.randint(*avail_range) for k in prices}
+    else:
+        assert avail is not None
+        availability = {k: avail for k in prices}
+    scenario = make_scenario(["m1", "m2"], prices, availability)
+    want = demand_of({(m, ph): round(rng.uniform(*demand), 1) for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"])
+    return scenario, make_library(templates), want

@@ -6,7 +6,15 @@ import random
 
 import numpy as np
 import pytest
-from allocator_helpers import D, P, demand_of, make_library, make_scenario, make_template
+from allocator_helpers import (
+    D,
+    P,
+    demand_of,
+    make_library,
+    make_scenario,
+    make_template,
+    random_instance,
+)
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator.allocate import frontier_columns
@@ -18,21 +26,7 @@ EXACT = SolveOptions(backend="highs", time_limit_s=30, mip_gap=1e-9)
 
 
 def instance(seed: int, avail: int):
-    rng = random.Random(seed)
-    regions, configs = ["r1", "r2"], ["A", "B", "C"]
-    prices = {(r, c): round(rng.uniform(0.5, 4.0), 2) for r in regions for c in configs}
-    templates = []
-    for m in ("m1", "m2"):
-        for ph in (P, D):
-            seen = set()
-            for _ in range(12):
-                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
-                if nodes not in seen:  # one template per multiset, as in a library
-                    seen.add(nodes)
-                    templates.append(make_template(m, ph, nodes, round(rng.uniform(20, 200), 1)))
-    scenario = make_scenario(["m1", "m2"], prices, {k: avail for k in prices})
-    demand = demand_of({(m, ph): round(rng.uniform(50, 400), 1) for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"])
-    return scenario, make_library(templates), demand
+    return random_instance(seed, tries=12, avail=avail, demand=(50, 400))
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -2,11 +2,11 @@
 search with bounds agrees with a plain solve on small cases."""
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
-from allocator_helpers import D, P, demand_of, make_library, make_scenario, make_template
+from allocator_helpers import (
+    random_instance,
+)
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator.ilp import _relaxed, formulate
@@ -18,22 +18,7 @@ EXACT = SolveOptions(backend="highs", time_limit_s=30, mip_gap=1e-9)
 
 
 def scarce(seed: int):
-    rng = random.Random(seed)
-    regions, configs = ["r1", "r2"], ["A", "B", "C"]
-    prices = {(r, c): round(rng.uniform(0.5, 4.0), 2) for r in regions for c in configs}
-    templates = []
-    for m in ("m1", "m2"):
-        for ph in (P, D):
-            seen = set()
-            for _ in range(10):
-                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
-                if nodes not in seen:
-                    seen.add(nodes)
-                    templates.append(make_template(m, ph, nodes, round(rng.uniform(20, 200), 1)))
-    avail = {k: rng.randint(0, 4) for k in prices}
-    scenario = make_scenario(["m1", "m2"], prices, avail)
-    demand = demand_of({(m, ph): round(rng.uniform(300, 900), 1) for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"])
-    return scenario, make_library(templates), demand
+    return random_instance(seed, tries=10, avail_range=(0, 4), demand=(300, 900))
 
 
 @pytest.mark.parametrize("seed", range(10))

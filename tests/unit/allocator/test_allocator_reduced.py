@@ -2,12 +2,12 @@
 uses them, held to the exact ILP on seeded small instances (the size threshold lowered to 0)."""
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from allocator_helpers import D, P, demand_of, make_library, make_scenario, make_template
+from allocator_helpers import (
+    random_instance,
+)
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator import ilp as ilp_mod
@@ -34,22 +34,7 @@ def test_highs_reports_lp_reduced_costs():
 
 
 def instance(seed: int, avail_hi: int = 8):
-    rng = random.Random(seed)
-    regions, configs = ["r1", "r2"], ["A", "B", "C"]
-    prices = {(r, c): round(rng.uniform(0.5, 4.0), 2) for r in regions for c in configs}
-    templates = []
-    for m in ("m1", "m2"):
-        for ph in (P, D):
-            seen = set()
-            for _ in range(12):
-                nodes = tuple(sorted(rng.choice(configs) for _ in range(rng.randint(1, 3))))
-                if nodes not in seen:
-                    seen.add(nodes)
-                    templates.append(make_template(m, ph, nodes, round(rng.uniform(20, 200), 1)))
-    avail = {k: rng.randint(1, avail_hi) for k in prices}
-    scenario = make_scenario(["m1", "m2"], prices, avail)
-    demand = demand_of({(m, ph): round(rng.uniform(200, 700), 1) for m in ("m1", "m2") for ph in (P, D)}, ["m1", "m2"])
-    return scenario, make_library(templates), demand
+    return random_instance(seed, tries=12, avail_range=(1, avail_hi), demand=(200, 700))
 
 
 # the draws of range(12) that can be met and rounded (2 and 4 cannot be met, 7 has no rounding)
