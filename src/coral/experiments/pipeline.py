@@ -13,7 +13,7 @@ from coral.allocator.demand import Forecaster, capacity_targets, observed_rates
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
-from coral.scenario import Scenario, load_scenario
+from coral.scenario import Scenario, load_scenario, with_demand_scale
 from coral.scenario.traffic import traffic_sample
 from coral.sim import SimResult, simulate
 from coral.solver import SolveOptions
@@ -39,13 +39,7 @@ def scaled_scenario(name: str, demand_scale: float = 1.0, overrides: Mapping[str
     """Load a scenario with every model's rate multiplied by `demand_scale`."""
     if not demand_scale > 0 or demand_scale == float("inf"):
         raise CoralError(f"--demand-scale must be a finite number > 0, got {demand_scale}")
-    scenario = load_scenario(name, overrides)
-    if demand_scale == 1.0:
-        return scenario
-    data = scenario.source.model_dump()
-    for m in data["models"]:
-        m["workload"]["rate_per_s"] *= demand_scale
-    return load_scenario(name, {**(overrides or {}), "models": data["models"]})
+    return with_demand_scale(load_scenario(name, overrides), demand_scale)
 
 
 def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1, cache_dir: Path | None = None,

@@ -27,7 +27,7 @@ from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.runtime.cluster_config import MIXED, InstanceSpec, ServedModel
 from coral.runtime.lifecycle import Demand, shape_key
-from coral.scenario import Scenario
+from coral.scenario import Scenario, with_demand_scale
 from coral.solver import SolveOptions
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template, TemplateLibrary
@@ -119,16 +119,6 @@ def template_key(spec: InstanceSpec) -> str | None:
     return f"{spec.model}/{spec.phase}/" + "+".join(sorted(c for st in spec.stages for c in st.configs))
 
 
-def _rescaled(scenario: Scenario, factor: float) -> Scenario:
-    """The scenario with every model's rate times `factor` (`coral plan --demand-scale`)."""
-    from coral.scenario.resolve import parse_scenario, resolve
-
-    data = scenario.source.model_dump()
-    for m in data["models"]:
-        m["workload"]["rate_per_s"] *= factor
-    return resolve(parse_scenario(data, f"{scenario.name} (demand x{factor:g})"), scenario.base_dir)
-
-
 @dataclasses.dataclass(slots=True)
 class PlanPlanner:
     """`planner(observed_demand, running) -> desired` over the scenario of the plan being served.
@@ -174,7 +164,7 @@ class PlanPlanner:
 
         if plan.method not in METHODS:
             raise CoralError(f"{plan.path}: method {plan.method!r} cannot re-plan live; valid: {', '.join(METHODS)}")
-        scenario = plan.scenario if plan.demand_scale == 1.0 else _rescaled(plan.scenario, plan.demand_scale)
+        scenario = with_demand_scale(plan.scenario, plan.demand_scale)
         full = build_library(scenario, cache_dir=cache_dir or default_cache_dir())
         library = full
         if plan.engine == "vllm":

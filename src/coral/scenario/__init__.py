@@ -7,8 +7,9 @@ from coral.scenario.resolve import (
     parse_scenario,
     read_scenario_file,
     resolve,
+    with_demand_scale,
 )
 from coral.scenario.schema import ScenarioFile
 
 __all__ = ["Scenario", "ScenarioFile", "ServedModel", "builtin_scenario_names", "load_scenario", "parse_scenario",
-           "read_scenario_file", "resolve"]
+           "read_scenario_file", "resolve", "with_demand_scale"]

@@ -307,6 +307,16 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
                     base_dir=base, derived=frozenset(derived), suspect=suspect)
 
 
+def with_demand_scale(scenario: Scenario, factor: float) -> Scenario:
+    """`scenario` with every model's rate times `factor` (`--demand-scale`); itself at 1."""
+    if factor == 1.0:
+        return scenario
+    data = scenario.source.model_dump()
+    for m in data["models"]:
+        m["workload"]["rate_per_s"] *= factor
+    return resolve(parse_scenario(data, f"{scenario.name} (demand x{factor:g})"), scenario.base_dir)
+
+
 def load_scenario(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:
     """Load a built-in scenario by name or a YAML file, apply `overrides` (top-level keys, e.g.
     `{'planner': {...}}` merged one level deep), validate and resolve it."""
