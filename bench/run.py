@@ -214,9 +214,10 @@ def bench_library(quick: bool, full: bool) -> None:
 
 
 def bench_allocator(quick: bool) -> None:
+    from coral.cache import default_cache_dir
     from coral.experiments.pipeline import plan, prepare
     from coral.scenario import load_scenario
-    from coral.templates.library import cache_path, default_cache_dir, specs_for
+    from coral.templates.library import cache_path, specs_for
 
     def is_cached(s: Any) -> bool:
         return all(cache_path(sp, s.perf, default_cache_dir()).exists() for sp in specs_for(s))
@@ -294,10 +295,11 @@ def bench_planner(quick: bool) -> None:
     import statistics as st
 
     from coral.allocator import allocate
+    from coral.cache import default_cache_dir
     from coral.experiments.pipeline import prepare
     from coral.scenario import load_scenario
     from coral.solver import SolveOptions
-    from coral.templates.library import cache_path, default_cache_dir, specs_for
+    from coral.templates.library import cache_path, specs_for
 
     reps = 1 if quick else 3
     for name, wall_target in (("core", 1.0), ("extended", 3.0)):

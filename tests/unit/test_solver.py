@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from coral.errors import CoralError
-from coral.solver import MilpModel, SolveOptions, Status, available_backends, solve
+from coral.solver import CsrMatrix, MilpModel, SolveOptions, Status, available_backends, solve
 
 BACKENDS = ["highs", "cpsat"]
 INF = np.inf
@@ -182,3 +182,45 @@ def test_start_point_is_used_and_never_trusted(backend):
     good = solve(m, SolveOptions(backend=backend), start=np.array([3.0, 1.0]))
     bad = solve(m, SolveOptions(backend=backend), start=np.array([9.0, 9.0]))  # infeasible: ignored
     assert good.objective == pytest.approx(12.0) and bad.objective == pytest.approx(12.0)
+
+
+def test_csr_matrix_from_coo_equals_scipy_with_duplicates_summed():
+    rng = np.random.default_rng(3)
+    rows, cols = rng.integers(0, 7, 60), rng.integers(0, 5, 60)  # many repeated (row, col) pairs
+    vals = rng.normal(size=60)
+    ours = CsrMatrix.from_coo(vals, rows, cols, shape=(9, 5))  # rows 7 and 8 stay empty
+    ref = sp.csr_matrix((vals, (rows, cols)), shape=(9, 5))
+    ref.sum_duplicates()
+    ref.sort_indices()
+    np.testing.assert_array_equal(ref.indptr, ours.indptr)
+    np.testing.assert_array_equal(ref.indices, ours.indices)
+    np.testing.assert_allclose(ref.data, ours.data, rtol=1e-15)
+    np.testing.assert_allclose(ref.toarray(), ours.toarray(), rtol=1e-15)
+    assert ref.toarray()[2, 3] == pytest.approx(ours[2, 3], rel=1e-15)
+    assert 0.0 == ours[8, 0]
+    np.testing.assert_allclose(ours.toarray(), CsrMatrix.of(ref).toarray(), rtol=1e-15)
+
+
+def test_csr_matrix_of_dense_rows_and_bad_entries():
+    dense = np.array([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0], [0.0, 0.0, 0.0], [4.0, 5.0, 6.0]])
+    a = CsrMatrix.of(dense)
+    assert (4, 3, 6) == (*a.shape, a.nnz)
+    np.testing.assert_array_equal(dense, a.toarray())
+    np.testing.assert_array_equal(dense[[False, True, True, True]], a.rows(np.array([False, True, True, True])).toarray())
+    assert (0, 3) == a.rows(np.zeros(4, dtype=bool)).shape
+    with pytest.raises(ValueError, match="outside the 2 x 2 matrix"):
+        CsrMatrix.from_coo([1.0], [2], [0], shape=(2, 2))
+    with pytest.raises(ValueError, match="differ in length"):
+        CsrMatrix.from_coo([1.0, 2.0], [0], [0], shape=(2, 2))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        CsrMatrix.of([1.0, 2.0])
+
+
+def test_a_model_takes_dense_scipy_or_our_matrix_alike():
+    dense = [[6.0, 4.0], [1.0, 2.0]]
+    results = []
+    for a in (dense, sp.csr_matrix(dense), CsrMatrix.of(dense)):
+        m = MilpModel(c=[5, 4], A=a, row_lower=[-INF, -INF], row_upper=[24, 6], col_lower=[0, 0], col_upper=[INF, INF],
+                      integrality=[False, False], sense="max")  # the LP optimum (3, 1.5)
+        results.append(solve(m).objective)
+    assert [21.0, 21.0, 21.0] == results

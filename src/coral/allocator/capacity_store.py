@@ -35,7 +35,7 @@ def enabled() -> bool:
 
 def store_dir() -> Path:
     """`capacity/` under the template cache folder."""
-    from coral.templates.library import default_cache_dir
+    from coral.cache import default_cache_dir
 
     return default_cache_dir() / "capacity"
 

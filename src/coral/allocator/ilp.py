@@ -9,12 +9,11 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
-import scipy.sparse as sp
 
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
-from coral.solver import MilpModel, SolveOptions, SolveResult, Status, solve
+from coral.solver import CsrMatrix, MilpModel, SolveOptions, SolveResult, Status, solve
 
 Mode = Literal["cost", "goodput"]
 ALPHA_SLACK = 1e-6  # phase 2 of goodput mode keeps alpha >= alpha* - ALPHA_SLACK
@@ -176,8 +175,8 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         hi_parts.append(np.full(k, np.inf))
         next_row += k
 
-    A = sp.csr_matrix((np.concatenate(val_parts), (np.concatenate(row_parts), np.concatenate(col_parts))),
-                      shape=(next_row, num))
+    A = CsrMatrix.from_coo(np.concatenate(val_parts), np.concatenate(row_parts), np.concatenate(col_parts),
+                           shape=(next_row, num))
     col_lower = np.zeros(num)
     col_upper = np.concatenate([ub, ub[running], nu_prev[running].astype(float), [1.0] if use_alpha else []])
     integrality = np.zeros(num, dtype=bool)

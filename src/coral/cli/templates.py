@@ -120,7 +120,7 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
 
 
 def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
-    from coral.templates.library import default_cache_dir
+    from coral.cache import default_cache_dir
 
     if no_cache:
         return None

@@ -10,6 +10,7 @@ from typing import Any
 
 from coral.allocator import Plan, allocate, tight_availability
 from coral.allocator.demand import Forecaster, capacity_targets, observed_rates
+from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
@@ -17,7 +18,7 @@ from coral.scenario import Scenario, load_scenario, with_demand_scale
 from coral.scenario.traffic import traffic_sample
 from coral.sim import SimResult, simulate
 from coral.solver import SolveOptions
-from coral.templates.library import build_library, default_cache_dir
+from coral.templates.library import build_library
 from coral.templates.template import TemplateLibrary
 from coral.workload import Trace, build_workload
 

@@ -473,7 +473,7 @@ def run_sensitivity(session: Session) -> dict[str, Any]:
 
 
 def _cache_dir(cfg: RunConfig) -> Path:
-    from coral.templates.library import default_cache_dir
+    from coral.cache import default_cache_dir
 
     return cfg.cache_dir or default_cache_dir()
 

@@ -160,7 +160,8 @@ class PlanPlanner:
             CoralError: a method the live planner cannot run, or a library build error.
         """
         from coral.allocator.allocate import METHODS
-        from coral.templates.library import build_library, default_cache_dir
+        from coral.cache import default_cache_dir
+        from coral.templates.library import build_library
 
         if plan.method not in METHODS:
             raise CoralError(f"{plan.path}: method {plan.method!r} cannot re-plan live; valid: {', '.join(METHODS)}")

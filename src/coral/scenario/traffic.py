@@ -16,6 +16,7 @@ from coral.workload.trace import Trace
 PLANNING_SEED = 7919
 
 _SAMPLES: dict[tuple[Any, ...], Trace] = {}
+_SUMMARIES: dict[tuple[int, float], tuple[Trace, LengthSummary]] = {}  # (id(sample), quantile) -> the summary
 
 
 def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *,
@@ -66,7 +67,14 @@ def length_summary(scenario: Any, model: str) -> LengthSummary:
     sample = traffic_sample(scenario, model, min_rate_per_s=1.0)
     if len(sample) == 0:
         raise CoralError(f"model {model}: its workload produced no requests to size templates on; check its dataset")
-    return summarize_lengths(sample, component_attainment(scenario, model))
+    quantile = component_attainment(scenario, model)
+    key = (id(sample), quantile)  # a sample lives in _SAMPLES as long as its summary does
+    hit = _SUMMARIES.get(key)
+    if hit is None or hit[0] is not sample:
+        if len(_SUMMARIES) > 256:
+            _SUMMARIES.clear()
+        hit = _SUMMARIES[key] = (sample, summarize_lengths(sample, quantile))
+    return hit[1]
 
 
 _LINKS: dict[tuple[Any, ...], KvLink] = {}

@@ -9,10 +9,9 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-import scipy.sparse as sp
 
 from coral.errors import CoralError
-from coral.solver import MilpModel, SolveOptions, SolveResult, solve
+from coral.solver import CsrMatrix, MilpModel, SolveOptions, SolveResult, solve
 from coral.templates.problem import Placement, PlacementProblem, evaluate, position
 
 Formulation = Literal["paper", "tight"]
@@ -73,8 +72,8 @@ class _Rows:
         self.lo.append(lo)
         self.hi.append(hi)
 
-    def matrix(self, n: int) -> sp.csr_matrix:
-        return sp.csr_matrix((self.v, (self.r, self.c)), shape=(len(self.lo), n))
+    def matrix(self, n: int) -> CsrMatrix:
+        return CsrMatrix.from_coo(self.v, self.r, self.c, shape=(len(self.lo), n))
 
 
 def identical_groups(problem: PlacementProblem) -> list[list[int]]:

@@ -5,7 +5,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -423,11 +422,6 @@ def template_from_dict(d: dict[str, Any]) -> Template:
     return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], budget_ms=d["budget_ms"],
                     nodes=tuple(d["nodes"]), placement=placement, prompt_tokens=d.get("prompt_tokens"),
                     realized_tok_per_s=d.get("realized_tok_per_s"))
-
-
-def default_cache_dir() -> Path:
-    env = os.environ.get("CORAL_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "coral" / "templates"
 
 
 def cache_path(spec: TemplateSpec, perf: PerfModel, cache_dir: Path) -> Path:

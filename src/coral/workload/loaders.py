@@ -89,8 +89,8 @@ class _Table:
         return out
 
 
-def _read_table(path: Path | str) -> _Table:
-    """Read a CSV (gzip detected by its magic bytes, not its name) into a header and rows."""
+def _read_raw(path: Path | str) -> tuple[Path, bytes]:
+    """A trace file's bytes, gunzipped (gzip detected by its magic bytes, not its name)."""
     path = Path(path)
     if not path.is_file():
         where = path if path.is_absolute() else f"{path} (resolved against {Path.cwd()})"
@@ -99,9 +99,15 @@ def _read_table(path: Path | str) -> _Table:
         raw = path.read_bytes()
         if raw[:2] == _GZIP_MAGIC:
             raw = gzip.decompress(raw)
-        text = raw.decode("utf-8-sig")
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise CoralError(f"{path}: cannot read the file ({exc}); is it a complete CSV or .csv.gz?") from None
+    return path, raw
+
+
+def _table_of(path: Path, raw: bytes) -> _Table:
+    """A CSV's bytes as a header and rows."""
+    try:
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise CoralError(f"{path}: not UTF-8 text ({exc}); is it a CSV file?") from None
     reader = csv.reader(io.StringIO(text))
@@ -110,6 +116,11 @@ def _read_table(path: Path | str) -> _Table:
         raise CoralError(f"{path}: the file is empty; a trace CSV needs a header row and one row per request")
     rows = tuple(row for row in reader if any(field.strip() for field in row))
     return _Table(path=path, header=tuple(h.strip() for h in header), rows=rows)
+
+
+def _read_table(path: Path | str) -> _Table:
+    """Read a CSV (plain or gzip) into a header and rows."""
+    return _table_of(*_read_raw(path))
 
 
 def _floats(table: _Table, column: str, fix: str) -> FloatArray:
@@ -338,7 +349,20 @@ def load_trace_file(path: Path | str, *, columns: Sequence[str] | None = None, n
     Raises:
         CoralError: a missing file, an unrecognised header, or bad values.
     """
-    table = _read_table(path)
+    from coral.workload import trace_cache
+
+    path, raw = _read_raw(path)
+    cols = None if columns is None else tuple(columns)
+    key = trace_cache.key_of(raw, ("load_trace_file", path.name, cols, name))
+    hit = trace_cache.get(key, path)
+    if hit is not None:
+        return hit
+    loaded = _parse_any(_table_of(path, raw), cols, name)
+    trace_cache.put(key, loaded)
+    return loaded
+
+
+def _parse_any(table: _Table, columns: Sequence[str] | None, name: str | None) -> LoadedTrace:
     if columns is not None:
         if len(columns) != 3:
             raise CoralError(f"{table.path}: give three column names (arrival seconds, prompt tokens, output tokens)")
