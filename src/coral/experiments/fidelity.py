@@ -452,7 +452,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         f"decode step +{engine.step_extra_s * 1e3:.2f} ms beyond the modelled messages")
     say("starting the local cluster (coral serve) ...")
     t_rt = time.perf_counter()
-    with Served(cluster, out) as srv:
+    starts: dict[str, float] = {}  # time.perf_counter() (= the schedulers' monotonic clock) at each replay's start
+    with Served(cluster, out, step_trace_dir=out / "steps") as srv:
         say(f"serving at {srv.url} after {time.perf_counter() - t_rt:.1f} s; warming up")
         warm_at = np.arange(2 * len(layout)) * 0.3
         replay(srv.url, name, warm_at, np.full(warm_at.size, opts.max_prompt), np.full(warm_at.size, opts.max_output),
@@ -465,21 +466,25 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         assert srv.proc is not None
         fe0 = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid())
         with CpuMeter() as cal_meter_before:
+            starts["calibration_before"] = time.perf_counter()
             cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
                               vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
         fe_cpu_s = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid()) - fe0
         fe_tokens = sum(r.received for r in cal_recs)
         say(f"replaying {len(trace)} requests ...")
         with CpuMeter() as meter:
+            starts["trace"] = time.perf_counter()
             recs = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                           vocab_size=int(config["vocab_size"]), seed=opts.seed)
         recs2 = None
         if opts.repeat:
             say(f"replaying the {len(trace)} requests again (run-to-run repeatability) ...")
+            starts["repeat"] = time.perf_counter()
             recs2 = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                            vocab_size=int(config["vocab_size"]), seed=opts.seed)
         say("calibration again, after the trace (the host's speed drifts over minutes) ...")
         with CpuMeter() as cal_meter_after:
+            starts["calibration_after"] = time.perf_counter()
             cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
                                vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
     cal_group = np.tile(cal_group, 2)
@@ -506,7 +511,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     def run_sim(sc: Any, tr: Any, hosts: Any, like_runtime: bool) -> Any:
         return simulate(sc, {name: tr}, initial, keep, duration_s=float(tr.arrival_s[-1]) + 600.0,
                         epoch_s=float(tr.arrival_s[-1]) + 600.0, init_s=0.0, seed=opts.seed,
-                        lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts)
+                        lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts,
+                        decode_at_arrival=like_runtime)
 
     # The runtime's routers (WRR over instances, and over the nodes of a data-parallel stage) have
     # already placed the warm-up and calibration requests when the trace starts; the simulator
@@ -645,6 +651,7 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         "instances": {k: {"phase": t.phase.value, "layers": [s.layers for s in t.placement.stages],
                           "nodes": [len(s.nodes) for s in t.placement.stages], "throughput_tok_per_s": t.throughput_tok_per_s}
                       for k, t in templates.items()},
+        "replay_starts_monotonic_s": starts,
         "profile": str(csv_path), "runtime_wall_s": runtime_s, "wall_s": time.perf_counter() - t_start,
     }  # fmt: skip
 
