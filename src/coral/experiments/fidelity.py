@@ -277,8 +277,9 @@ def _read_steps(folder: Path, start: float, end: float) -> list[tuple[str, str, 
 
 
 def _step_table(steps: list[tuple[str, str, int, int, float, float]]) -> dict[str, Any]:
-    """Median step time (ms) and count per phase and per number of other micro-batches in flight at
-    the step's midpoint (0 .. STEP_CONCURRENCY+), and per phase and batch size."""
+    """Per phase: micro-batches and request passes (requests summed over them); median step time (ms)
+    and count per number of other micro-batches in flight at the step's midpoint (0 ..
+    STEP_CONCURRENCY+), per batch size; micro-batches per instance."""
     t0 = np.array([x[4] for x in steps])
     t1 = np.array([x[5] for x in steps])
     out: dict[str, Any] = {}
@@ -291,7 +292,7 @@ def _step_table(steps: list[tuple[str, str, int, int, float, float]]) -> dict[st
             k = min(int(((t0 < mid) & (t1 > mid)).sum()) - 1, STEP_CONCURRENCY)
             by_k.setdefault(f"{k}{'+' if k == STEP_CONCURRENCY else ''}", []).append((t1[i] - t0[i]) * 1e3)
             by_b.setdefault(str(steps[i][2]), []).append((t1[i] - t0[i]) * 1e3)
-        out[phase] = {"steps": len(sel),
+        out[phase] = {"steps": len(sel), "request_passes": sum(steps[i][2] for i in sel),
                       "by_concurrency": {k: {"n": len(v), "median_ms": float(np.median(v))} for k, v in sorted(by_k.items())},
                       "by_batch": {b: {"n": len(v), "median_ms": float(np.median(v))} for b, v in sorted(by_b.items(), key=lambda kv: int(kv[0]))},
                       "by_instance": {inst: sum(1 for i in sel if steps[i][0] == inst) for inst in sorted({steps[i][0] for i in sel})}}
