@@ -1,6 +1,7 @@
 """`coral profile` and `coral experiment fidelity --quick` end to end on this machine (real processes)."""
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import math
@@ -85,3 +86,11 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
     assert 0.5 <= cal["prefill_scale"] <= 3.0 and 0.5 <= cal["decode_scale"] <= 3.0
     assert all(0 <= v < 100 for v in cal["frontend_work_ms"].values())
     assert math.isfinite(s["uncalibrated"]["ttft_mape"]) and s["repeatability"] is None
+    # every trace request's passes are in both step traces: its prefill once, then one decode pass per later token
+    with open(out / "requests.csv") as f:
+        outputs = [int(r["output_tokens"]) for r in csv.DictReader(f)]
+    for side in ("real", "sim"):
+        st = s["steps"][side]
+        assert (len(outputs), sum(n - 1 for n in outputs)) == (st["prefill"]["request_passes"], st["decode"]["request_passes"]), side
+        assert st["decode"]["steps"] == sum(v["n"] for v in st["decode"]["by_concurrency"].values())
+    assert (out / "steps" / "decode-b.steps.csv").is_file()

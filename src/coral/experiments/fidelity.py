@@ -255,7 +255,48 @@ def _repeatability(first: list[Any], second: list[Any] | None) -> dict[str, Any]
     t1, t2 = (np.array([r.ttft_s for r in x])[ok] for x in (first, second))
     p1, p2 = (np.array([r.tpot_s for r in x])[ok] for x in (first, second))
     return {"requests": int(ok.sum()), "ttft_mape": float(_ape(t2, t1).mean()), "tpot_mape": float(_ape(p2, p1).mean()),
-            "ttft_p90_ape": float(np.percentile(_ape(t2, t1), 90)), "tpot_p90_ape": float(np.percentile(_ape(p2, p1), 90))}
+            "ttft_p90_ape": float(np.percentile(_ape(t2, t1), 90)), "tpot_p90_ape": float(np.percentile(_ape(p2, p1), 90)),
+            # the percentile errors the simulator is judged by, of the second run against the first
+            "ttft_error_of": _compare(t1, t2)["error_of"], "tpot_error_of": _compare(p1, p2)["error_of"]}
+
+
+STEP_CONCURRENCY = 3  # step tables bin the micro-batches in flight elsewhere at a step's midpoint: 0, 1, 2, 3+
+
+
+def _read_steps(folder: Path, start: float, end: float) -> list[tuple[str, str, int, int, float, float]]:
+    """The runtime's micro-batches (`Scheduler(step_trace=...)` files) dispatched in [start, end)
+    (monotonic s), as (instance, phase, requests, tokens or context, start, end), times from `start`."""
+    out = []
+    for f in sorted(folder.glob("*.steps.csv")):
+        with open(f, newline="") as fh:
+            for row in csv.reader(fh):
+                inst, phase, _g, _bid, n, tok, ctx, t0, t1 = row
+                if start <= float(t0) < end:
+                    out.append((inst, phase, int(n), int(tok) if phase == "prefill" else int(ctx), float(t0) - start, float(t1) - start))
+    return out
+
+
+def _step_table(steps: list[tuple[str, str, int, int, float, float]]) -> dict[str, Any]:
+    """Per phase: micro-batches and request passes (requests summed over them); median step time (ms)
+    and count per number of other micro-batches in flight at the step's midpoint (0 ..
+    STEP_CONCURRENCY+), per batch size; micro-batches per instance."""
+    t0 = np.array([x[4] for x in steps])
+    t1 = np.array([x[5] for x in steps])
+    out: dict[str, Any] = {}
+    for phase in ("prefill", "decode"):
+        sel = [i for i, x in enumerate(steps) if x[1] == phase]
+        by_k: dict[str, list[float]] = {}
+        by_b: dict[str, list[float]] = {}
+        for i in sel:
+            mid = 0.5 * (t0[i] + t1[i])
+            k = min(int(((t0 < mid) & (t1 > mid)).sum()) - 1, STEP_CONCURRENCY)
+            by_k.setdefault(f"{k}{'+' if k == STEP_CONCURRENCY else ''}", []).append((t1[i] - t0[i]) * 1e3)
+            by_b.setdefault(str(steps[i][2]), []).append((t1[i] - t0[i]) * 1e3)
+        out[phase] = {"steps": len(sel), "request_passes": sum(steps[i][2] for i in sel),
+                      "by_concurrency": {k: {"n": len(v), "median_ms": float(np.median(v))} for k, v in sorted(by_k.items())},
+                      "by_batch": {b: {"n": len(v), "median_ms": float(np.median(v))} for b, v in sorted(by_b.items(), key=lambda kv: int(kv[0]))},
+                      "by_instance": {inst: sum(1 for i in sel if steps[i][0] == inst) for inst in sorted({steps[i][0] for i in sel})}}
+    return out
 
 
 def _cores() -> int:
@@ -452,7 +493,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         f"decode step +{engine.step_extra_s * 1e3:.2f} ms beyond the modelled messages")
     say("starting the local cluster (coral serve) ...")
     t_rt = time.perf_counter()
-    with Served(cluster, out) as srv:
+    starts: dict[str, float] = {}  # time.perf_counter() (= the schedulers' monotonic clock) at each replay's start
+    with Served(cluster, out, step_trace_dir=out / "steps") as srv:
         say(f"serving at {srv.url} after {time.perf_counter() - t_rt:.1f} s; warming up")
         warm_at = np.arange(2 * len(layout)) * 0.3
         replay(srv.url, name, warm_at, np.full(warm_at.size, opts.max_prompt), np.full(warm_at.size, opts.max_output),
@@ -465,21 +507,25 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         assert srv.proc is not None
         fe0 = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid())
         with CpuMeter() as cal_meter_before:
+            starts["calibration_before"] = time.perf_counter()
             cal_recs = replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
                               vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
         fe_cpu_s = proc_cpu_s(srv.proc.pid) + proc_cpu_s(os.getpid()) - fe0
         fe_tokens = sum(r.received for r in cal_recs)
         say(f"replaying {len(trace)} requests ...")
         with CpuMeter() as meter:
+            starts["trace"] = time.perf_counter()
             recs = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                           vocab_size=int(config["vocab_size"]), seed=opts.seed)
         recs2 = None
         if opts.repeat:
             say(f"replaying the {len(trace)} requests again (run-to-run repeatability) ...")
+            starts["repeat"] = time.perf_counter()
             recs2 = replay(srv.url, name, trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                            vocab_size=int(config["vocab_size"]), seed=opts.seed)
         say("calibration again, after the trace (the host's speed drifts over minutes) ...")
         with CpuMeter() as cal_meter_after:
+            starts["calibration_after"] = time.perf_counter()
             cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens,
                                vocab_size=int(config["vocab_size"]), seed=opts.seed + 2)
     cal_group = np.tile(cal_group, 2)
@@ -503,10 +549,11 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     # The runtime's batching: S micro-batch groups per instance, waiting requests spread over them;
     # and its hardware: every engine process on this one host, sharing its cores.
     # ("independent": the simulator's defaults, every node its own server, the memory model's lanes.)
-    def run_sim(sc: Any, tr: Any, hosts: Any, like_runtime: bool) -> Any:
+    def run_sim(sc: Any, tr: Any, hosts: Any, like_runtime: bool, step_trace: Any = None) -> Any:
         return simulate(sc, {name: tr}, initial, keep, duration_s=float(tr.arrival_s[-1]) + 600.0,
                         epoch_s=float(tr.arrival_s[-1]) + 600.0, init_s=0.0, seed=opts.seed,
-                        lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts)
+                        lanes=_runtime_lanes if like_runtime else None, spread=like_runtime, hosts=hosts,
+                        decode_at_arrival=like_runtime, step_trace=step_trace)
 
     # The runtime's routers (WRR over instances, and over the nodes of a data-parallel stage) have
     # already placed the warm-up and calibration requests when the trace starts; the simulator
@@ -518,8 +565,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
                    prompt_tokens=np.concatenate([np.full(warm_at.size, opts.max_prompt), cal.prompt_tokens, trace.prompt_tokens]),
                    output_tokens=np.concatenate([np.full(warm_at.size, opts.max_output), cal.output_tokens, trace.output_tokens]))
 
-    def run_trace(sc: Any, hosts: Any, like_runtime: bool) -> _Tail:
-        return _Tail(run_sim(sc, routed, hosts, like_runtime), len(trace))
+    def run_trace(sc: Any, hosts: Any, like_runtime: bool, step_trace: Any = None) -> _Tail:
+        return _Tail(run_sim(sc, routed, hosts, like_runtime, step_trace), len(trace))
 
     # The cores other processes took from this host while each replay ran (measured, `CpuMeter.taken`):
     # the capacity the runtime did not have. The calibration replays have their own measurements.
@@ -562,13 +609,14 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         f"{a['isolated']['tpot_mape']:.1%}, groups {b['groups']['ttft_mape']:.1%} / {b['groups']['tpot_mape']:.1%} -> "
         f"{a['groups']['ttft_mape']:.1%} / {a['groups']['tpot_mape']:.1%}")
     sims = {}
+    sim_steps: list[tuple[Any, ...]] = []
     for label, sc, hosts, like_runtime in (("engine", sc_engine, shared, True), ("table", scenario, shared, True),
                                            ("independent", sc_engine, None, False),
                                            ("no_taken", sc_engine, Hosts.single(cores, frontend_work=load), True),
                                            ("with_background", sc_engine,
                                             Hosts.single(cores, background=[(cal_end + t, v) for t, v in meter.steps] or 0.0,
                                                          frontend_work=load), True)):
-        res = run_trace(sc, hosts, like_runtime)
+        res = run_trace(sc, hosts, like_runtime, sim_steps.append if label == "engine" else None)
         ttft = res.ttft_s + (engine.frontend_s if sc is sc_engine else 0.0)
         sims[label] = (res, ttft, res.tpot_s)
     fitted = dict(engine.scale)
@@ -583,6 +631,12 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     real_tpot = np.array([r.tpot_s for r in recs])
 
     # 6. compare
+    # per micro-batch over the trace (the first replay): the runtime's scheduler trace, the simulator's steps
+    inst_names = [i.name for i in layout]
+    trace_end = starts.get("repeat", starts.get("calibration_after", math.inf))
+    real_steps = _read_steps(out / "steps", starts["trace"], trace_end)
+    sim_rows = [(inst_names[x[0]], x[1], x[3], x[4], x[5] - cal_end, x[6] - cal_end) for x in sim_steps if x[5] >= cal_end]
+    steps_cmp = {"real": _step_table(real_steps), "sim": _step_table(sim_rows)}
     cmp_ttft = _compare(real_ttft[both], sim_ttft[both])
     cmp_tpot = _compare(real_tpot[both], sim_tpot[both])
     _, b_ttft, b_tpot = sims["table"]
@@ -645,6 +699,8 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         "instances": {k: {"phase": t.phase.value, "layers": [s.layers for s in t.placement.stages],
                           "nodes": [len(s.nodes) for s in t.placement.stages], "throughput_tok_per_s": t.throughput_tok_per_s}
                       for k, t in templates.items()},
+        "replay_starts_monotonic_s": starts,
+        "steps": steps_cmp,
         "profile": str(csv_path), "runtime_wall_s": runtime_s, "wall_s": time.perf_counter() - t_start,
     }  # fmt: skip
 
@@ -719,8 +775,13 @@ def _report(s: dict[str, Any]) -> str:
         "",
         *([f"Run-to-run (the trace replayed twice on the runtime, second run against the first, per request): TTFT "
            f"MAPE {s['repeatability']['ttft_mape']:.1%} (p90 {s['repeatability']['ttft_p90_ape']:.1%}), TPOT MAPE "
-           f"{s['repeatability']['tpot_mape']:.1%} (p90 {s['repeatability']['tpot_p90_ape']:.1%}).", ""]
+           f"{s['repeatability']['tpot_mape']:.1%} (p90 {s['repeatability']['tpot_p90_ape']:.1%}); errors of the second "
+           f"run's p50 / p90 / p99: TTFT {_errs(s['repeatability']['ttft_error_of'])}, TPOT "
+           f"{_errs(s['repeatability']['tpot_error_of'])}.", ""]
           if s.get("repeatability") else []),
+        f"Errors of the simulated p50 / p90 / p99: TTFT {_errs(t['error_of'])}, TPOT {_errs(p['error_of'])}.",
+        "",
+        *_step_lines(s["steps"]),
         f"Simulator timed by the profile table alone (no engine adapter, no calibration; host model and front end on): TTFT MAPE "
         f"{_fmt(s['table_only']['ttft_mape'])}, TPOT MAPE {_fmt(s['table_only']['tpot_mape'])}. "
         f"Without the host model and the runtime's batching (every node its own server, the memory model's lanes): "
@@ -743,6 +804,29 @@ def _report(s: dict[str, Any]) -> str:
     if req["real_errors"]:
         lines += ["Runtime errors:", "", *[f"- {e}" for e in req["real_errors"]], ""]
     return "\n".join(lines)
+
+
+def _errs(e: dict[str, float]) -> str:
+    return " / ".join(f"{e[k]:+.1%}" for k in ("p50", "p90", "p99"))
+
+
+def _step_lines(st: dict[str, Any]) -> list[str]:
+    """The per-micro-batch table of the report: median ms (count), real / simulated, over the trace."""
+    bins = [str(k) for k in range(STEP_CONCURRENCY)] + [f"{STEP_CONCURRENCY}+"]
+
+    def cell(side: dict[str, Any], k: str) -> str:
+        c = side["by_concurrency"].get(k)
+        return f"{c['median_ms']:.1f} ({c['n']})" if c else "-"
+
+    lines = ["Micro-batches over the trace (runtime: the schedulers' step trace; simulator: its steps), median ms (count), "
+             "by other micro-batches in flight at the step's midpoint:", "",
+             "| phase | side | " + " | ".join(bins) + " | steps per instance |", "|---|---|" + "---|" * len(bins) + "---|"]
+    for phase in ("prefill", "decode"):
+        for side in ("real", "sim"):
+            d = st[side][phase]
+            per = ", ".join(f"{k} {v}" for k, v in d["by_instance"].items())
+            lines.append(f"| {phase} | {side} | " + " | ".join(cell(d, k) for k in bins) + f" | {per} |")
+    return [*lines, ""]
 
 
 def _loads(x: Any) -> str:

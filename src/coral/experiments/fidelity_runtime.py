@@ -81,8 +81,17 @@ def cluster_file(model: str, config: dict[str, Any], layout: Sequence[InstanceLa
 class Served:
     """`coral serve` in a child process (its own interpreter, so the client here does not share its GIL)."""
 
-    def __init__(self, cluster: dict[str, Any], workdir: Path, startup_timeout_s: float = 240.0) -> None:
+    def __init__(self, cluster: dict[str, Any], workdir: Path, startup_timeout_s: float = 240.0,
+                 step_trace_dir: Path | None = None) -> None:
+        """Args:
+        cluster: the cluster document (written to `workdir`/cluster.yaml).
+        workdir: where the cluster file and serve.log go.
+        startup_timeout_s: how long `coral serve` may take to become ready.
+        step_trace_dir: if given, every instance scheduler writes `<instance>.steps.csv` there, one
+            row per micro-batch (`Scheduler(step_trace=...)`, switched on by `$CORAL_STEP_TRACE`).
+        """
         self.cluster = cluster
+        self.step_trace_dir = step_trace_dir
         self.workdir = workdir
         self.startup_timeout_s = startup_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
@@ -96,10 +105,17 @@ class Served:
         ready = Path(tempfile.mkdtemp(prefix="coral-fid-")) / "url"
         log = open(self.workdir / "serve.log", "wb")  # noqa: SIM115 - closed in __exit__ via the process
         self._log = log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("CORAL_STEP_TRACE", None)
+        if self.step_trace_dir is not None:
+            self.step_trace_dir.mkdir(parents=True, exist_ok=True)
+            for old in self.step_trace_dir.glob("*.steps.csv"):
+                old.unlink()
+            env["CORAL_STEP_TRACE"] = str(self.step_trace_dir.resolve())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "coral.runtime.cli", "--config", str(cfg), "--port", "0", "--ready-file", str(ready),
              "--startup-timeout", str(self.startup_timeout_s)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
         deadline = time.monotonic() + self.startup_timeout_s + 30
         while not (ready.is_file() and ready.read_text().strip()):

@@ -3,7 +3,8 @@
 CSV columns: `config,model,phase,tokens,layer_ms` and optionally `context` (decode's mean
 context; ignored when absent). `tokens` is tokens per micro-batch: `b·P` for prefill, `b` for
 decode. Between measured points the time is interpolated linearly in tokens; beyond the last
-point it is extrapolated linearly from the last two. Keys without a table fall back to the
+point it is extrapolated linearly from the last two, never downwards (a noisy profile whose last
+point is below the one before would otherwise give negative times for large batches). Keys without a table fall back to the
 roofline (or raise when `fallback=None`).
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ class ProfilePerf(PerfModel):
         if x <= xs[-1]:
             return float(np.interp(x, xs, ys)) * 1e-3
         slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else ys[-1] / xs[-1]
-        return float(ys[-1] + slope * (x - xs[-1])) * 1e-3
+        return float(ys[-1] + max(slope, 0.0) * (x - xs[-1])) * 1e-3
 
 
 def _table_from_rows(rows: Iterable[tuple[str, str, str, float, float]]) -> dict[tuple[str, str, str], tuple[np.ndarray, np.ndarray]]:

@@ -42,6 +42,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,7 @@ class Scheduler:
         kv_timeout_s: float = 30.0,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 2.0,
+        step_trace: Callable[[tuple[Any, ...]], None] | None = None,
     ) -> None:
         """Args:
         transport: the scheduler's inbox.
@@ -138,6 +140,10 @@ class Scheduler:
         kv_timeout_s: a decode hand-off whose KV has not arrived by then fails.
         heartbeat_s: how often to heartbeat the engines and the coordinator.
         heartbeat_timeout_s: an engine node silent this long is dead (the instance fails).
+        step_trace: off (None) by default. Called once per micro-batch that came back whole with
+            ``(instance, phase, group, batch id, requests, new tokens, context tokens, dispatched,
+            returned)`` (the two times from ``time.monotonic()``; context = the members' positions
+            plus their new tokens): what the fidelity study compares simulated steps against.
         """
         self.t = transport
         self.instance_id, self.model, self.phase, self.region = instance_id, model, phase, region
@@ -179,6 +185,8 @@ class Scheduler:
         # KV ids dropped while a micro-batch still carried them -> their route: a later stage may
         # have allocated blocks after our Release passed it, so the batch's result releases again
         self.stale: dict[str, tuple[str, ...]] = {}
+        self.step_trace = step_trace
+        self._step_meta: dict[int, tuple[int, int, int, float]] = {}  # batch id -> (requests, tokens, context, sent)
 
     # --------------------------------------------------------------- loop
 
@@ -560,6 +568,10 @@ class Scheduler:
             self.t.send(addr, ForwardBatch(batch_id=bid, reply_to=self.t.address, items=tuple(items)))
         self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
         self.busy[g] = True
+        if self.step_trace is not None:
+            rs = [self.reqs[rid] for rid in self.members[g]]
+            self._step_meta[bid] = (len(rs), sum(len(r.pending) for r in rs), sum(r.position + len(r.pending) for r in rs),
+                                    time.monotonic())
 
     def _on_result(self, msg: ForwardResult) -> None:
         for it in msg.items:
@@ -590,6 +602,9 @@ class Scheduler:
         if not outstanding:
             del self.in_flight[msg.batch_id]
             self.busy[g] = False
+            meta = self._step_meta.pop(msg.batch_id, None)
+            if meta is not None and self.step_trace is not None:
+                self.step_trace((self.instance_id, self.phase, g, msg.batch_id, *meta, time.monotonic()))
 
     def _advance(self, r: _Req, it: TokenItem) -> None:
         sub = r.submit

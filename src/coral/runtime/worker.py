@@ -130,11 +130,19 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
     from coral.runtime.scheduler import NodeSlot, Scheduler
 
     t = _transport(spec, int(spec.get("port", 0)))
+    trace_dir = os.environ.get("CORAL_STEP_TRACE", "")  # opt-in: one CSV of micro-batch times per instance
+    trace_file = open(os.path.join(trace_dir, f"{spec['instance_id']}.steps.csv"), "a", buffering=1) if trace_dir else None  # noqa: SIM115
+
+    def step_trace(row: tuple[Any, ...]) -> None:
+        assert trace_file is not None
+        trace_file.write(",".join(map(str, row)) + "\n")
+
     sch = Scheduler(
         t, instance_id=spec["instance_id"], model=spec["model"], phase=spec["phase"], region=spec["region"],
         throughput_tok_per_s=float(spec["throughput_tok_per_s"]), nodes=[NodeSlot(**n) for n in spec["nodes"]],
         coordinator=spec.get("coordinator", ""), micro_batches=int(spec.get("micro_batches", 0)),
         heartbeat_s=float(spec.get("heartbeat_s", 0.25)), heartbeat_timeout_s=float(spec.get("heartbeat_timeout_s", 2.0)),
+        step_trace=step_trace if trace_file is not None else None,
     )  # fmt: skip
     _watch_parent(sch.stop_event, parent)
     signal.signal(signal.SIGTERM, lambda *_: sch.stop_event.set())
@@ -142,6 +150,8 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
         sch.run()
     finally:
         t.close()
+        if trace_file is not None:
+            trace_file.close()
 
 
 def run_zygote(spec: dict[str, Any]) -> None:

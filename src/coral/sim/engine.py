@@ -83,7 +83,7 @@ class _Node:
 class _Batch:
     """One micro-batch: a prefill pass, or a decode lane (which makes one pass per step)."""
 
-    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "rids", "running", "shape", "stage", "steps")
+    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "rids", "running", "shape", "stage", "steps", "t0")
 
     def __init__(self, inst: _Instance, lane: int) -> None:
         self.inst = inst
@@ -96,6 +96,7 @@ class _Batch:
         self.steps = 0
         self.ctx_sum = 0
         self.finish_at: dict[int, list[int]] = {}
+        self.t0 = 0.0  # when the current pass entered stage 0 (for `step_trace`)
 
 
 class _Instance:
@@ -153,6 +154,8 @@ class _Sim:
         self.prefill_batching = "tokens"
         self.lanes: LanesFn | None = None
         self.spread = False
+        self.decode_at_arrival = False
+        self.step_trace: Callable[[tuple[Any, ...]], None] | None = None
         self.router = "least-work"
         self.hosts: Hosts | None = None
         self._hosts: dict[str, _Host] = {}
@@ -426,7 +429,29 @@ class _Sim:
         inst.queue.append(rid)
         inst.held += 1
         inst.load += self.r_prompt[rid]
+        if self.decode_at_arrival:
+            self._assign_decode(rid, inst.region)
         self._start_prefill(t, inst)
+
+    def _assign_decode(self, rid: int, region: str) -> None:
+        """`decode_at_arrival` only: pick the decode instance as the runtime's coordinator does when a
+        request arrives: least held requests (assigned from arrival to completion) per unit of
+        template throughput in the prefill's region (WRR router: `choose_decode`). None active yet:
+        picked when the prefill ends, as without the option."""
+        m = self.r_model[rid]
+        act = self.active[m][1]
+        if not act:
+            return
+        if self.router == "wrr":
+            cands = [Candidate(id=k, region=i.region, weight=i.weight) for k, i in enumerate(act)]
+            k, self.decode_states[m] = choose_decode(cands, region, self.decode_states[m])
+            assert k is not None
+            dst = act[k]
+        else:
+            group = [i for i in act if i.region == region] or act
+            dst = group[least_work([i.held for i in group], [i.weight for i in group], 1.0)]
+        self.r_dinst[rid] = dst.id
+        dst.held += 1
 
     def _spread_cap(self, inst: _Instance) -> int:
         """Requests per micro-batch when spreading: ceil(held in lanes + queued) / lanes), as the runtime's scheduler."""
@@ -456,6 +481,7 @@ class _Sim:
             lane.shape = Shape(phase=Phase.PREFILL, batch=len(rids), prompt_tokens=mean, output_tokens=0.0)
             lane.key = (Phase.PREFILL, len(rids), mean)
             lane.stage = 0
+            lane.t0 = t
             self._enter(t, lane, 0)
 
     def _enter(self, t: float, lane: _Batch, s: int) -> None:
@@ -573,6 +599,8 @@ class _Sim:
     def _prefill_done(self, t: float, node: _Node, lane: _Batch) -> None:
         inst = lane.inst
         rids = list(lane.rids)
+        if self.step_trace is not None:
+            self.step_trace((inst.id, "prefill", lane.lane, len(rids), sum(self.r_prompt[r] for r in rids), lane.t0, t))
         lane.rids.clear()
         lane.running = False
         inst.idle_lanes += 1
@@ -582,6 +610,8 @@ class _Sim:
             self.r_first[rid] = t
             inst.load -= self.r_prompt[rid]
             if self.r_out[rid] <= 1:
+                if self.r_dinst[rid] >= 0:  # assigned at arrival, never decodes
+                    self._release(t, self.instances[self.r_dinst[rid]], 1)
                 self._complete(t, rid)
             else:
                 self.r_status[rid] = _DECODE
@@ -593,6 +623,14 @@ class _Sim:
     def _route_decode(self, t: float, rid: int, src: _Node) -> None:
         m = self.r_model[rid]
         act = self.active[m][1]
+        pre = self.r_dinst[rid]
+        if pre >= 0:  # assigned at arrival (`decode_at_arrival`)
+            dst = self.instances[pre]
+            if dst.state is Lifecycle.ACTIVE or dst.state is Lifecycle.DRAINING:
+                self._send_kv(t, rid, src, dst)
+                return
+            self.r_dinst[rid] = -1
+            self._release(t, dst, 1)
         if not act:
             self.pending_decode[m].append((rid, src))
             return
@@ -606,6 +644,10 @@ class _Sim:
             dst = group[least_work([i.held for i in group], [i.b * i.max_lanes for i in group], 1.0)]
         self.r_dinst[rid] = dst.id
         dst.held += 1
+        self._send_kv(t, rid, src, dst)
+
+    def _send_kv(self, t: float, rid: int, src: _Node, dst: _Instance) -> None:
+        m = self.r_model[rid]
         # The KV is re-sharded by layer onto the decode nodes; time it over the slowest NIC of
         # the decode placement (every decode node receives its layers' share in parallel).
         dcfg = min((n.cfg for st in dst.stages for n in st), key=lambda c: c.network_bytes_per_s)  # type: ignore[attr-defined]
@@ -658,10 +700,13 @@ class _Sim:
             lane.key = key
             lane.shape = Shape(phase=Phase.DECODE, batch=n, prompt_tokens=float(ctx), output_tokens=0.0)
         lane.stage = 0
+        lane.t0 = t
         self._enter(t, lane, 0)
 
     def _step_done(self, t: float, lane: _Batch) -> None:
         inst = lane.inst
+        if self.step_trace is not None:
+            self.step_trace((inst.id, "decode", lane.lane, len(lane.rids), lane.ctx_sum, lane.t0, t))
         lane.steps += 1
         rids = lane.rids
         if self.fe_token:  # off (0) unless Hosts.frontend_work: keeps the hot path free
@@ -806,7 +851,8 @@ class _Sim:
 def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
              progress: ProgressFn | None = None, prefill_batching: str = "tokens", lanes: LanesFn | None = None,
-             spread: bool = False, hosts: Hosts | None = None, router: str = "least-work") -> SimResult:
+             spread: bool = False, hosts: Hosts | None = None, router: str = "least-work",
+             decode_at_arrival: bool = False, step_trace: Callable[[tuple[Any, ...]], None] | None = None) -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -837,6 +883,13 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
             tokens (with this one) clear soonest at its throughput, decode to the least occupied
             instance (held sequences per slot) in the prefill's region first; "wrr": the paper's
             smooth weighted round-robin ∝ template throughput (`coral.policy.routing`).
+        decode_at_arrival: False (default): a request's decode instance is picked when its prefill
+            ends, the least held sequences per slot. True: as the Coral runtime's coordinator, when
+            it arrives: the least requests assigned (from arrival to completion) per unit of the
+            template's throughput, in the prefill's region.
+        step_trace: None (default), or called at the end of every micro-batch's pass through all its
+            stages with `(instance id, phase, lane, requests, tokens, start_s, end_s)` (tokens: the
+            prompts' in prefill, the context in decode): to compare with the runtime's per-step trace.
         hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
             cores, a busy node running at speed `min(1, (cores - taken) / (busy nodes on the host + background))`.
 
@@ -858,6 +911,8 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
     sim.router = router
     sim.lanes = lanes
     sim.spread = spread
+    sim.decode_at_arrival = decode_at_arrival
+    sim.step_trace = step_trace
     sim.hosts = hosts
     if hosts is not None:
         sim.fe_request, sim.fe_token = hosts.frontend_work

@@ -80,6 +80,18 @@ def test_profile_csv(tmp_path):
     assert perf.layer_time_s(CAT.config("1xL40S"), m, Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=100, output_tokens=0)) > 0
 
 
+def test_profile_csv_never_extrapolates_downwards(tmp_path):
+    # a noisy table whose last point is below the one before (3 ms at 4 tokens, 2 ms at 8): beyond
+    # it the time stays at 2 ms instead of reaching 0 at 16 tokens and going negative (-6 ms at 32)
+    p = tmp_path / "prof.csv"
+    p.write_text("config,model,phase,tokens,layer_ms\n1xL4,qwen3-32b,decode,1,1\n1xL4,qwen3-32b,decode,4,3\n1xL4,qwen3-32b,decode,8,2\n")
+    perf = load_profile_csv(p, CAT, fallback=RooflinePerf())
+    m = builtin_model("qwen3-32b")
+    at = lambda b: perf.layer_time_s(CAT.config("1xL4"), m, Shape(phase=Phase.DECODE, batch=b, prompt_tokens=100, output_tokens=10))  # noqa: E731
+    assert at(6) == pytest.approx(2.5e-3)
+    assert at(32) == pytest.approx(2e-3)
+
+
 def test_profile_csv_errors(tmp_path):
     p = tmp_path / "prof.csv"
     p.write_text("config,model,phase,tokens\n")

@@ -217,3 +217,26 @@ def test_frontend_work_competes_for_the_cores(core) -> None:  # noqa: ANN001
         Hosts.single(1, frontend_work=(-1.0, 0.0))
     with pytest.raises(ValueError, match="frontend host"):
         Hosts(cores={"a": 1}, frontend="b")
+
+
+def test_decode_at_arrival_routes_like_the_runtime_coordinator(core) -> None:  # noqa: ANN001
+    # One prefill node (1 s a pass, one prompt each: r0..r2 at 0, 0.1, 0.2 are done at 1, 2, 3) and
+    # two decode instances, A (id 1, throughput 1000 tok/s) and B (id 2, 3000), 64 slots each;
+    # decodes of 5 s, so every routed request is still held when the next one is routed.
+    #   default, at the prefill's end, least held per slot: r0 -> A (tie, lower id), r1 -> B, r2 -> A;
+    #   at arrival, least (held + 1) / throughput: r0 -> B (1/3000), r1 -> B (2/3000 < 1/1000),
+    #   r2: A 1/1000 = B 3/3000, the tie to A.
+    sc = dataclasses.replace(core, perf=ConstPerf(0.1))
+    model = sc.models[0].name
+    pre = const_template(model, Phase.PREFILL, layers=10, layer_s=0.1)
+    dec_a = const_template(model, Phase.DECODE, layers=10, layer_s=0.01, batch=64, tok=100.0 / 64)
+    dec_b = const_template(model, Phase.DECODE, layers=10, layer_s=0.01, batch=64, tok=300.0 / 64)
+    arr = np.array([0.0, 0.1, 0.2])
+    trace = Trace(name=model, arrival_s=arr, prompt_tokens=np.full(3, 100), output_tokens=np.full(3, 50))
+    specs = [InstanceSpec(template=t, region=sc.regions[0]) for t in (pre, dec_a, dec_b)]
+    for at_arrival, want in ((False, [1, 2, 1]), (True, [2, 2, 1])):
+        r = simulate(sc, {model: trace}, specs, keep, duration_s=60.0, epoch_s=60.0, init_s=0.0,
+                     prefill_batching="requests", decode_at_arrival=at_arrival)
+        assert want == r.decode_instance.tolist()
+        assert np.isfinite(r.tpot_s).all()
+        assert [1.0, 2.0, 3.0] == pytest.approx((r.ttft_s + arr).tolist())
