@@ -15,11 +15,15 @@ engine's batch limits (``max_batch_requests`` sequences at full context) but nev
 
 One batched step: :meth:`PagedKvCache.prepare` turns the micro-batch's rows
 (request, first new position, new-token count) into index tensors, built once on the host
-and moved to the device in one copy: the slot of every new token, a padded
-``[rows, kv_len]`` gather index of every row's context, and the boolean attention mask
-(causal, per row, padded queries and keys masked out; a sliding-window variant for
-sliding layers). Each layer then writes its new keys/values into their slots and gathers
-each row's context for one ``scaled_dot_product_attention`` call over the whole batch.
+(a handful of vectorised ops, one ``torch.tensor`` call for the block tables) and moved to
+the device in one copy each: the slot of every new token, a padded gather index of every
+row's context (as slots, and as rows of the pool's ``[2 * slots * kv_heads, head_dim]`` view
+so that one ``index_select`` yields contiguous ``[rows, kv_heads, kv_max, head_dim]`` keys
+and values), and the boolean attention mask (causal, per row, padded queries and keys
+masked out; a sliding-window variant for sliding layers). Each layer then writes its new
+keys/values into their slots and gathers each row's context for one attention call over
+the whole batch (:mod:`coral.runtime.engine.layers` for the stock layers,
+:func:`paged_attention` for the others).
 
 Running out of blocks is never an allocation failure: :class:`BlockPool` refuses
 (:class:`KvCacheFull`) before touching memory, and the instance scheduler keeps an exact
@@ -169,10 +173,11 @@ class BatchMeta:
     """Index tensors of one batched step (built once, shared by every layer)."""
 
     rows: int
-    q_max: int
+    q_max: int  # 1: every row decodes one token (packed and padded queries coincide)
     kv_max: int
     slot_mapping: Any  # [T] slot of every new token, rows in order
     gather: Any  # [rows * kv_max] slot of every row's context token (padding -> slot 0)
+    kv_rows: Any  # [2 * rows * kv_heads * kv_max] row of every context key, then value, in the pool's flat view
     q_index: Any  # [rows * q_max] packed token index of every padded query (padding -> 0)
     pack_index: Any  # [T] padded query index of every packed token
     last_index: Any  # [rows] packed index of each row's last new token
@@ -224,14 +229,10 @@ class BatchMeta:
         Returns:
             Keys and values ``[rows, kv_heads, kv_max, head_dim]``.
         """
+        import torch
+
         assert self.cache is not None
-        kp, vp = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        kp.index_copy_(0, self.slot_mapping, key[0].transpose(0, 1).to(kp.dtype))
-        vp.index_copy_(0, self.slot_mapping, value[0].transpose(0, 1).to(vp.dtype))
-        shape = (self.rows, self.kv_max, kp.shape[1], kp.shape[2])
-        k = kp.index_select(0, self.gather).view(shape).transpose(1, 2)
-        v = vp.index_select(0, self.gather).view(shape).transpose(1, 2)
-        return k, v
+        return self.cache.write_and_gather(self, layer_idx, torch.stack((key[0], value[0])).permute(2, 0, 1, 3))  # [T, 2, kv_heads, dim]
 
 
 def paged_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None, **kwargs: Any) -> tuple[Any, None]:
@@ -276,10 +277,15 @@ class PagedKvCache:
         self.device = device
         self.dtype = dtype or torch.float32
         slots = num_blocks * block_size
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         with torch.inference_mode():
-            # empty, not zeros: pages are touched only as blocks are used
-            self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
-            self.values = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+            # empty, not zeros: pages are touched only as blocks are used. One tensor per layer,
+            # [slots, 2, kv_heads, head_dim] (a slot's key then its value), so that a step writes
+            # both with one index_copy_ and gathers both with one index_select (write_and_gather)
+            self.pools = [torch.empty(slots, 2, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.keys = [p[:, 0] for p in self.pools]  # [slots, kv_heads, head_dim] views
+        self.values = [p[:, 1] for p in self.pools]
+        self._flat = [p.view(-1, head_dim) for p in self.pools]
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys[0].element_size() if num_layers else 0
 
     @property
@@ -330,39 +336,68 @@ class PagedKvCache:
             self.pool.grow(seq, pos + n)
         bs = self.block_size
         b = len(rows)
-        pos_t = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
-        n_t = torch.tensor([n for _, _, n in rows], dtype=torch.long)
-        kv_len = pos_t + n_t
-        q_max, kv_max = int(n_t.max()), int(kv_len.max())
+        pos_l = [p for _, p, _ in rows]
+        n_l = [n for _, _, n in rows]
+        q_max = max(n_l)
+        kv_max = max(p + n for p, n in zip(pos_l, n_l, strict=True))
         width = blocks_for(kv_max, bs)
-        tables = torch.zeros(b, width, dtype=torch.long)
-        for i, (seq, _, _) in enumerate(rows):
-            tb = self.pool.tables[seq]
-            tables[i, : len(tb)] = torch.tensor(tb, dtype=torch.long)
+        tbs = [self.pool.tables[seq][:width] for seq, _, _ in rows]
+        tables = torch.tensor([tb + [0] * (width - len(tb)) for tb in tbs], dtype=torch.long)  # one host tensor
+        pos_t = torch.tensor(pos_l, dtype=torch.long)
         kv = torch.arange(kv_max)
         slots = tables[:, kv // bs] * bs + kv % bs  # [b, kv_max]
-        kv_ok = kv.unsqueeze(0) < kv_len.unsqueeze(1)
-        gather = torch.where(kv_ok, slots, 0)
-        j = torch.arange(q_max)
-        q_ok = j.unsqueeze(0) < n_t.unsqueeze(1)  # [b, q_max]
-        q_pos = pos_t.unsqueeze(1) + j.unsqueeze(0)  # [b, q_max]
-        starts = torch.cumsum(n_t, 0) - n_t
-        q_index = torch.where(q_ok, starts.unsqueeze(1) + j.unsqueeze(0), 0).reshape(-1)
-        pack_index = (torch.arange(b).unsqueeze(1) * q_max + j.unsqueeze(0))[q_ok]
-        slot_mapping = gather.gather(1, q_pos.clamp(max=kv_max - 1))[q_ok]
-        mask = (kv.view(1, 1, kv_max) <= q_pos.unsqueeze(2)) & kv_ok.unsqueeze(1) & q_ok.unsqueeze(2)
-        mask[:, :, 0] |= ~q_ok  # a padded query attends to slot 0 only (no all-masked row, no NaN)
-        position_ids = q_pos[q_ok].unsqueeze(0)
-        last_index = starts + n_t - 1
+        if q_max == 1:  # every row decodes one token: packed and padded queries coincide, the mask is the keys' validity
+            kv_ok = kv.unsqueeze(0) <= pos_t.unsqueeze(1)
+            gather = torch.where(kv_ok, slots, 0)
+            q_index = pack_index = last_index = torch.arange(b)
+            slot_mapping = torch.tensor([tb[p // bs] * bs + p % bs for tb, p in zip(tbs, pos_l, strict=True)], dtype=torch.long)
+            mask = kv_ok.view(b, 1, kv_max)
+            position_ids = pos_t.unsqueeze(0)
+        else:
+            n_t = torch.tensor(n_l, dtype=torch.long)
+            kv_len = pos_t + n_t
+            kv_ok = kv.unsqueeze(0) < kv_len.unsqueeze(1)
+            gather = torch.where(kv_ok, slots, 0)
+            j = torch.arange(q_max)
+            q_ok = j.unsqueeze(0) < n_t.unsqueeze(1)  # [b, q_max]
+            q_pos = pos_t.unsqueeze(1) + j.unsqueeze(0)  # [b, q_max]
+            starts = torch.cumsum(n_t, 0) - n_t
+            q_index = torch.where(q_ok, starts.unsqueeze(1) + j.unsqueeze(0), 0).reshape(-1)
+            pack_index = (torch.arange(b).unsqueeze(1) * q_max + j.unsqueeze(0))[q_ok]
+            slot_mapping = gather.gather(1, q_pos.clamp(max=kv_max - 1))[q_ok]
+            mask = (kv.view(1, 1, kv_max) <= q_pos.unsqueeze(2)) & kv_ok.unsqueeze(1) & q_ok.unsqueeze(2)
+            mask[:, :, 0] |= ~q_ok  # a padded query attends to slot 0 only (no all-masked row, no NaN)
+            position_ids = q_pos[q_ok].unsqueeze(0)
+            last_index = starts + n_t - 1
+        # row of every context key (then value) in the pool's flat [slots * 2 * kv_heads, head_dim] view, in
+        # [2, b, kv_heads, kv_max] order: one index_select gives contiguous per-row keys and values
+        hk = self.kv_heads
+        kv_rows = (gather.view(1, b, 1, kv_max) * 2 + torch.arange(2).view(2, 1, 1, 1)) * hk + torch.arange(hk).view(1, 1, hk, 1)
         dev = self.device
         nb = dev != "cpu"
         return BatchMeta(
             rows=b, q_max=q_max, kv_max=kv_max,
             slot_mapping=slot_mapping.to(dev, non_blocking=nb), gather=gather.reshape(-1).to(dev, non_blocking=nb),
+            kv_rows=kv_rows.reshape(-1).to(dev, non_blocking=nb),
             q_index=q_index.to(dev, non_blocking=nb), pack_index=pack_index.to(dev, non_blocking=nb),
             last_index=last_index.to(dev, non_blocking=nb), position_ids=position_ids.to(dev, non_blocking=nb),
             mask=mask.unsqueeze(1).to(dev, non_blocking=nb), sliding_masks={}, cache=self,
         )  # fmt: skip
+
+    def write_and_gather(self, meta: BatchMeta, layer: int, new_kv: Any) -> tuple[Any, Any]:
+        """Store one local layer's new keys and values and return every row's context.
+
+        Args:
+            meta: the step's index tensors.
+            layer: the shard-local layer.
+            new_kv: ``[T, 2, kv_heads, head_dim]``, each packed new token's key then value (any strides).
+
+        Returns:
+            Keys and values ``[rows, kv_heads, kv_max, head_dim]``, contiguous (padding from slot 0).
+        """
+        self.pools[layer].index_copy_(0, meta.slot_mapping, new_kv.to(self.dtype))
+        kv = self._flat[layer].index_select(0, meta.kv_rows).view(2, meta.rows, self.kv_heads, meta.kv_max, self.head_dim)
+        return kv[0], kv[1]
 
     def export(self, seq: str, layer: int) -> tuple[Any, Any]:
         """One local layer's KV of ``seq`` as contiguous ``[1, kv_heads, n, head_dim]`` tensors."""
