@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from coral.runtime.engine.kv_cache import attend
+
 __all__ = ["LeanLayer", "LeanStep"]
 
 #: decoder layers whose forward :class:`LeanLayer` reproduces (read in transformers 5.24)
@@ -145,17 +147,8 @@ class LeanLayer:
         src = qk if self.qk_norm is None else _rms(qk.view(t, hq + hk, d), *self.qk_norm).view(qk.shape)
         cos, sin = rope
         torch.add(src * cos, src.roll(1, 2).mul_(sin), out=qk)  # RoPE in place: q and k stay in qkv
-        keys, values = meta.cache.write_and_gather(meta, self.local_idx, qkv[:, hq * d :].view(t, 2, hk, d))
-        q = qkv[:, : hq * d].view(t, hq, d)
-        b, qm = meta.rows, meta.q_max
-        if qm > 1:  # prefill rows: scatter the packed queries to [rows, q_max] (decode rows are that already)
-            q = q.index_select(0, meta.q_index)
-        out = F.scaled_dot_product_attention(
-            q.view(b, qm, hq, d).transpose(1, 2), keys, values, attn_mask=meta.bias(self.window, x.dtype), scale=self.scale, enable_gqa=hk != hq
-        )  # [rows, hq, q_max, d]
-        a = out.transpose(1, 2).reshape(b * qm, hq * d)
-        if qm > 1:
-            a = a.index_select(0, meta.pack_index)
+        keys, values = meta.cache.write_and_gather(meta, self.local_idx, qkv[:, hq * d :].view(t, 2, hk, d))  # [B, hk, kv_max, d]
+        a = attend(qkv[:, : hq * d].view(t, hq, d), keys, values, meta, self.window, self.scale)
         x = self._residual(x, a, self.o_proj, self.o_hooked)
         h = _rms(x, self.ln2, self.eps2)
         if not self.dense:
