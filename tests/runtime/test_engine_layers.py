@@ -70,6 +70,10 @@ def test_fused_projections_share_the_weights() -> None:
     assert torch.equal(full["model.layers.1.self_attn.v_proj.weight"], attn.v_proj.weight)
     assert torch.equal(full["model.layers.1.mlp.up_proj.weight"], shard.model.model.layers[1].mlp.up_proj.weight)
     assert before == sum(p.numel() * p.element_size() for p in shard.model.parameters())
+    # the engine builds its step on the first batch: the weights stay ordinary (not inference) tensors
+    served = load_shard(ShardSpec(config=cfg, layer_start=0, layer_end=2, seed=3))
+    served.forward_batch(served.new_kv_cache(max_tokens_wanted=64).prepare([("a", 0, 3)]), torch.tensor([5, 6, 7]), None)
+    assert served.lean is not None and not served.model.model.layers[0].self_attn.q_proj.weight.is_inference()
     # a weight loaded in place afterwards reaches the fused tensor too
     with torch.no_grad():
         attn.k_proj.weight.mul_(2)

@@ -297,6 +297,8 @@ class Shard:
         from coral.runtime.engine.layers import LeanStep
 
         m = self.model
+        if self.lean is None:  # outside inference mode: the fused weights stay ordinary tensors
+            self.lean = LeanStep(m)
         with torch.inference_mode():
             if self.spec.is_first:
                 if token_ids is None:
@@ -306,8 +308,6 @@ class Shard:
                 if hidden is None:
                     raise ValueError("a later stage needs hidden states")
                 x = hidden.to(self.spec.device, m.dtype).unsqueeze(0)
-            if self.lean is None:
-                self.lean = LeanStep(m)
             x = self.lean.run(x[0], meta)  # the engine's hot path
             if self.spec.is_last:
                 return m.lm_head(m.model.norm(x.index_select(0, meta.last_index))).float()
