@@ -112,3 +112,18 @@ def test_decode_step_indices_follow_the_block_tables() -> None:
     assert [7, 4, 3] == meta.mask.view(3, 7).sum(1).tolist()  # every row sees its whole context, nothing past it
     ctx = meta.gather.view(3, 7)
     assert [tables["b"][0] * 4 + t for t in range(4)] == ctx[1, :4].tolist()
+
+
+def test_a_step_that_does_not_fit_reserves_nothing() -> None:
+    from coral.runtime.engine.kv_cache import KvCacheFull, PagedKvCache
+
+    kv = PagedKvCache(num_layers=1, kv_heads=2, head_dim=4, num_blocks=3, block_size=4)
+    kv.prepare([("a", 0, 4), ("b", 0, 3)])  # one block each, one left
+    # a needs a second block (token 4) and c two more: 3 > 1 free, so neither grows
+    with pytest.raises(KvCacheFull, match="needs 3 more block"):
+        kv.prepare([("a", 4, 1), ("b", 3, 1), ("c", 0, 5)])
+    assert (1, 4, 3) == (kv.pool.num_free, kv.length("a"), kv.length("b")) and "c" not in kv.pool
+    with pytest.raises(ValueError, match="position 2 does not follow the 3 tokens"):
+        kv.prepare([("b", 2, 1)])
+    meta = kv.prepare([("a", 4, 1), ("b", 3, 1)])  # b's token 3 still fits its block
+    assert (0, 5, 4) == (kv.pool.num_free, kv.length("a"), kv.length("b")) and 1 == meta.q_max

@@ -1,8 +1,9 @@
 """The KV-cache manager of one engine node: a paged block pool, block tables, and batched attention.
 
 Memory layout (the vLLM shape, written for this engine): every layer of the node's layer
-range owns one key and one value tensor of ``num_blocks * block_size`` token slots,
-``[slots, kv_heads, head_dim]``, allocated once when the engine starts. A request owns a
+range owns one tensor of ``num_blocks * block_size`` token slots, ``[slots, 2, kv_heads,
+head_dim]`` (a slot's key, then its value; ``keys[layer]`` and ``values[layer]`` are its two
+halves as views), allocated once when the engine starts. A request owns a
 list of blocks (its block table); token ``t`` of the request lives in slot
 ``table[t // block_size] * block_size + t % block_size``. Nothing is allocated per request
 or per step, so the pool's size is the engine's whole KV memory and it cannot grow.

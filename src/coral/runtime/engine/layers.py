@@ -4,27 +4,32 @@ A small model's decode step is bound by per-op overhead, not by arithmetic: thro
 ``transformers`` modules each layer costs a dozen module calls with their keyword plumbing,
 three matmuls for q/k/v and two for gate/up, RoPE's ``rotate_half`` (slice, negate, concat)
 for q and for k, and sdpa's set-up for a one-token query over grouped heads. For the stock
-Llama / Qwen3 / Qwen3-MoE decoder layers, :func:`run_layers` runs the same maths on the
+Llama / Qwen3 / Qwen3-MoE decoder layers, :class:`LeanStep` runs the same maths on the
 layers' own weights with far fewer ops:
 
 - q/k/v are one matmul, gate/up one matmul: their weights are concatenated once and the
   modules' own parameters become views of the fused tensor (no second copy of the weights;
   a weight loaded in place afterwards lands in both);
-- RoPE runs once over q and k together, ``x * cos + flip(x) * sin'`` with ``sin'`` the sine
-  with its first half negated (built once per step): the same products and sums as
-  ``rotate_half``, so the same bits; Qwen3's per-head q/k norms likewise run as one norm;
-- the KV pool's keys and values of every row come from one ``index_select``
-  (:meth:`coral.runtime.engine.kv_cache.PagedKvCache.write_and_gather`), contiguous;
-- a decode step (one token per row) folds each KV head's query group into the query
-  length: one plain ``scaled_dot_product_attention`` over ``[rows, kv_heads, group, dim]``
-  with the step's ``[rows, 1, 1, kv_max]`` bias, no padding, no packing, no GQA expansion;
-  prefill steps scatter queries to ``[rows, heads, q_max, dim]`` as
-  :func:`coral.runtime.engine.kv_cache.paged_attention` does.
+- RoPE runs once over q and k together, in place in the q/k/v output, as
+  ``x * cos + roll(x) * sin'`` over the two halves of each head, with ``sin'`` the sine with
+  its first half negated: the same products and sums as ``rotate_half``, so the same bits.
+  cos and sin' come from a per-position table that the model's rotary module builds once
+  (static RoPE kinds; dynamic ones run the module every step). Qwen3's per-head q/k norms
+  likewise run as one norm;
+- the step's new keys and values go into the KV pool with one ``index_copy_`` and every
+  row's context comes back with one ``index_select``, contiguous
+  (:meth:`coral.runtime.engine.kv_cache.PagedKvCache.write_and_gather`);
+- attention is :func:`coral.runtime.engine.kv_cache.attend`, the call ``coral_paged`` makes
+  too: on a decode step (one token per row) each KV head's query group is the query length,
+  one plain ``scaled_dot_product_attention`` over ``[rows, kv_heads, group, dim]`` with no
+  padding, no packing and no GQA expansion;
+- a projection followed by the residual is one ``addmm``.
 
 Norms, residuals and the MLP keep ``transformers``' order of operations (fp32 norms, the
-weight times the normalised input), so hidden states match the modules' own to rounding
-(``tests/runtime/test_engine_layers.py``). A layer of any other kind, or a projection with a
-forward hook (tensor parallelism's all-reduce), runs through its module as before.
+weight times the normalised input), so in fp32 the hidden states are bit for bit the
+modules' own (``tests/runtime/test_engine_layers.py``; in bf16 a fused ``addmm`` rounds once
+where the modules round twice). A layer of any other kind runs through its module
+as before, and so does a projection with a forward hook (tensor parallelism's all-reduce).
 """
 
 from __future__ import annotations
@@ -132,7 +137,7 @@ class LeanLayer:
         Args:
             x: packed hidden states ``[T, hidden]``.
             meta: the step's :class:`coral.runtime.engine.kv_cache.BatchMeta`.
-            rope: ``(cos, sin')`` of the step, ``[T, 1, 2, head_dim / 2]`` (see :func:`run_layers`).
+            rope: ``(cos, sin')`` of the step's positions, ``[T, 1, 2, head_dim / 2]`` (see :class:`LeanStep`).
 
         Returns:
             The layer's output ``[T, hidden]``.
