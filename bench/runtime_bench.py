@@ -5,7 +5,8 @@ The engine rows (``bench_engine``) serve one instance with the real ``coral serv
 tok/s at concurrency 16 with Hugging Face ``generate()`` at batch 16 in this process (same
 model, weights, lengths and torch threads), and with concurrency 1. For tiny-llama the
 per-token time is broken down into the forward pass, the ZeroMQ hops, the coordinator and
-scheduler, and HTTP.
+scheduler, and HTTP; the forward pass is also given per step, for the engine's lean step and
+for the same step through the ``transformers`` decoder modules (alternated in one process).
 
 Run ``python bench/runtime_bench.py [--quick]``; prints a table. ``run(quick)`` returns the
 rows for the main bench runner. Every figure is measured here, on this machine.
@@ -194,8 +195,14 @@ def _layers(arch: str) -> int:
     return int(BUILTIN_CONFIGS[arch]["num_hidden_layers"])
 
 
-def _forward_ms_per_step(arch: str, batch: int, prompt_len: int, threads: int, steps: int = 16) -> float:
-    """Median time of one batched decode step of the whole model, in this process (no messaging)."""
+def _forward_ms_per_step(arch: str, batch: int, prompt_len: int, threads: int, steps: int = 16, lean: bool = True) -> float:
+    """Median time of one batched decode step of the whole model, in this process (no messaging).
+
+    The step is what an engine does per micro-batch: ``PagedKvCache.prepare`` (block tables
+    to index tensors), ``Shard.forward_batch`` and the argmax to the host. ``lean=False`` runs
+    the same step through the ``transformers`` decoder modules instead of the engine's lean
+    step (``coral.runtime.engine.layers``).
+    """
     import torch
 
     from coral.runtime.model import BUILTIN_CONFIGS, ShardSpec, load_shard
@@ -205,6 +212,10 @@ def _forward_ms_per_step(arch: str, batch: int, prompt_len: int, threads: int, s
     torch.set_num_threads(threads)
     try:
         shard = load_shard(ShardSpec(config=cfg, layer_start=0, layer_end=cfg["num_hidden_layers"], seed=0))
+        if not lean:
+            from coral.runtime.engine.layers import LeanStep
+
+            shard.lean = LeanStep(shard.model, lean=False)
         kv = shard.new_kv_cache(max_tokens_wanted=batch * (prompt_len + steps + 1))
         meta = kv.prepare([(f"r{i}", 0, prompt_len) for i in range(batch)])
         shard.forward_batch(meta, torch.randint(3, 500, (batch * prompt_len,)), None)
@@ -314,7 +325,13 @@ def bench_engine(quick: bool) -> list[dict[str, Any]]:
         ]
         if not is_small:
             e2e = 1e3 / c16
-            fwd = _forward_ms_per_step("tiny-llama", 16, prompt_len, threads) / 16
+            # the lean step and the transformers modules, alternated so that both see the same host
+            lean_ms, modules_ms = [], []
+            for _ in range(3):
+                lean_ms.append(_forward_ms_per_step("tiny-llama", 16, prompt_len, threads))
+                modules_ms.append(_forward_ms_per_step("tiny-llama", 16, prompt_len, threads, lean=False))
+            step_ms, modules_step_ms = statistics.median(lean_ms), statistics.median(modules_ms)
+            fwd = step_ms / 16
             hop = 2 * _zmq_hop_ms(16) / 16  # scheduler -> engine -> scheduler, per step
             noop = _serve_one(arch, threads, noop=True)
             try:
@@ -325,6 +342,9 @@ def bench_engine(quick: bool) -> list[dict[str, Any]]:
             rows += [
                 {"bench": "tiny-llama conc 16: ms per output token, end to end", "value": e2e, "unit": "ms", "goal": ""},
                 {"bench": "  forward pass (batch-16 decode step / 16)", "value": fwd, "unit": "ms", "goal": ""},
+                {"bench": "    one batch-16 decode step (prepare + forward + argmax)", "value": step_ms, "unit": "ms", "goal": ""},
+                {"bench": "    same step through the transformers modules", "value": modules_step_ms, "unit": "ms", "goal": ""},
+                {"bench": "    HF generate() batch 16 per output token (reference)", "value": 1e3 / hf, "unit": "ms", "goal": ""},
                 {"bench": "  ZeroMQ hops sched->engine->sched (/ 16)", "value": hop, "unit": "ms", "goal": ""},
                 {"bench": "  coordinator+scheduler+ZeroMQ, no-op engine", "value": stack_coord, "unit": "ms", "goal": ""},
                 {"bench": "  HTTP (no-op stack via HTTP minus direct)", "value": stack_http - stack_coord, "unit": "ms", "goal": ""},

@@ -248,6 +248,7 @@ class Shard:
         self.kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.weights_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.lean: Any = None  # the batched step (coral.runtime.engine.layers.LeanStep), built on the first batch
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -293,7 +294,11 @@ class Shard:
         """
         import torch
 
+        from coral.runtime.engine.layers import LeanStep
+
         m = self.model
+        if self.lean is None:  # outside inference mode: the fused weights stay ordinary tensors
+            self.lean = LeanStep(m)
         with torch.inference_mode():
             if self.spec.is_first:
                 if token_ids is None:
@@ -303,14 +308,10 @@ class Shard:
                 if hidden is None:
                     raise ValueError("a later stage needs hidden states")
                 x = hidden.to(self.spec.device, m.dtype).unsqueeze(0)
-            pos = meta.position_ids
-            pe = m.model.rotary_emb(x, position_ids=pos)
-            for layer in m.model.layers:
-                x = layer(x, attention_mask=meta, position_ids=pos, cache=meta, use_cache=True, position_embeddings=pe)
+            x = self.lean.run(x[0], meta)  # the engine's hot path
             if self.spec.is_last:
-                last = m.model.norm(x)[0].index_select(0, meta.last_index)
-                return m.lm_head(last).float()
-            return x[0]
+                return m.lm_head(m.model.norm(x.index_select(0, meta.last_index))).float()
+            return x
 
     def new_cache(self) -> Any:
         """An empty KV cache for one request over this shard's layers."""

@@ -1,8 +1,9 @@
 """The KV-cache manager of one engine node: a paged block pool, block tables, and batched attention.
 
 Memory layout (the vLLM shape, written for this engine): every layer of the node's layer
-range owns one key and one value tensor of ``num_blocks * block_size`` token slots,
-``[slots, kv_heads, head_dim]``, allocated once when the engine starts. A request owns a
+range owns one tensor of ``num_blocks * block_size`` token slots, ``[slots, 2, kv_heads,
+head_dim]`` (a slot's key, then its value; ``keys[layer]`` and ``values[layer]`` are its two
+halves as views), allocated once when the engine starts. A request owns a
 list of blocks (its block table); token ``t`` of the request lives in slot
 ``table[t // block_size] * block_size + t % block_size``. Nothing is allocated per request
 or per step, so the pool's size is the engine's whole KV memory and it cannot grow.
@@ -15,11 +16,15 @@ engine's batch limits (``max_batch_requests`` sequences at full context) but nev
 
 One batched step: :meth:`PagedKvCache.prepare` turns the micro-batch's rows
 (request, first new position, new-token count) into index tensors, built once on the host
-and moved to the device in one copy: the slot of every new token, a padded
-``[rows, kv_len]`` gather index of every row's context, and the boolean attention mask
-(causal, per row, padded queries and keys masked out; a sliding-window variant for
-sliding layers). Each layer then writes its new keys/values into their slots and gathers
-each row's context for one ``scaled_dot_product_attention`` call over the whole batch.
+(a handful of vectorised ops, one ``torch.tensor`` call for the block tables) and moved to
+the device in one copy each: the slot of every new token, a padded gather index of every
+row's context (as slots, and as rows of the pool's ``[2 * slots * kv_heads, head_dim]`` view
+so that one ``index_select`` yields contiguous ``[rows, kv_heads, kv_max, head_dim]`` keys
+and values), and the boolean attention mask (causal, per row, padded queries and keys
+masked out; a sliding-window variant for sliding layers). Each layer then writes its new
+keys/values into their slots and gathers each row's context for one attention call over
+the whole batch (:mod:`coral.runtime.engine.layers` for the stock layers,
+:func:`paged_attention` for the others).
 
 Running out of blocks is never an allocation failure: :class:`BlockPool` refuses
 (:class:`KvCacheFull`) before touching memory, and the instance scheduler keeps an exact
@@ -40,6 +45,7 @@ __all__ = [
     "KvCacheFull",
     "PagedKvCache",
     "blocks_for",
+    "attend",
     "kv_budget_bytes",
     "paged_attention",
 ]
@@ -169,10 +175,11 @@ class BatchMeta:
     """Index tensors of one batched step (built once, shared by every layer)."""
 
     rows: int
-    q_max: int
+    q_max: int  # 1: every row decodes one token (packed and padded queries coincide)
     kv_max: int
     slot_mapping: Any  # [T] slot of every new token, rows in order
     gather: Any  # [rows * kv_max] slot of every row's context token (padding -> slot 0)
+    kv_rows: Any  # [2 * rows * kv_heads * kv_max] row of every context key, then value, in the pool's flat view
     q_index: Any  # [rows * q_max] packed token index of every padded query (padding -> 0)
     pack_index: Any  # [T] padded query index of every packed token
     last_index: Any  # [rows] packed index of each row's last new token
@@ -224,14 +231,44 @@ class BatchMeta:
         Returns:
             Keys and values ``[rows, kv_heads, kv_max, head_dim]``.
         """
+        import torch
+
         assert self.cache is not None
-        kp, vp = self.cache.keys[layer_idx], self.cache.values[layer_idx]
-        kp.index_copy_(0, self.slot_mapping, key[0].transpose(0, 1).to(kp.dtype))
-        vp.index_copy_(0, self.slot_mapping, value[0].transpose(0, 1).to(vp.dtype))
-        shape = (self.rows, self.kv_max, kp.shape[1], kp.shape[2])
-        k = kp.index_select(0, self.gather).view(shape).transpose(1, 2)
-        v = vp.index_select(0, self.gather).view(shape).transpose(1, 2)
-        return k, v
+        return self.cache.write_and_gather(self, layer_idx, torch.stack((key[0], value[0])).permute(2, 0, 1, 3))  # [T, 2, kv_heads, dim]
+
+
+def attend(query: Any, key: Any, value: Any, meta: BatchMeta, window: int | None, scale: float | None) -> Any:
+    """Attention of a step's packed queries over every row's context, one sdpa call for the whole batch.
+
+    Decode steps (one query per row) fold each KV head's query group into the query length:
+    ``[rows, kv_heads, group, dim]`` against the ``[rows, kv_heads, kv_max, dim]`` context with
+    the ``[rows, 1, 1, kv_max]`` bias, no GQA expansion. Otherwise the packed queries are
+    scattered to ``[rows, heads, q_max, dim]`` (padded queries attend to slot 0 only) and the
+    result packed again.
+
+    Args:
+        query: ``[T, heads, dim]`` packed queries (any strides).
+        key, value: ``[rows, kv_heads, kv_max, dim]`` from :meth:`PagedKvCache.write_and_gather`.
+        meta: the step's index tensors and mask.
+        window: the layer's sliding window (None: full attention).
+        scale: the softmax scale (None: ``dim ** -0.5``).
+
+    Returns:
+        ``[T, heads * dim]``.
+    """
+    from torch.nn import functional as F
+
+    t, heads, dim = query.shape
+    kv_heads = key.shape[1]
+    b, qm = meta.rows, meta.q_max
+    bias = meta.bias(window, query.dtype)  # [rows, 1, q_max, kv_max]
+    key, value = key.to(query.dtype), value.to(query.dtype)
+    if qm == 1:
+        out = F.scaled_dot_product_attention(query.view(b, kv_heads, heads // kv_heads, dim), key, value, attn_mask=bias, scale=scale)
+        return out.reshape(t, heads * dim)
+    q = query.index_select(0, meta.q_index).view(b, qm, heads, dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=bias, scale=scale, enable_gqa=kv_heads != heads)  # [rows, heads, q_max, dim]
+    return out.transpose(1, 2).reshape(b * qm, heads * dim).index_select(0, meta.pack_index)
 
 
 def paged_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, dropout: float = 0.0, sliding_window: int | None = None, **kwargs: Any) -> tuple[Any, None]:
@@ -239,23 +276,15 @@ def paged_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
 
     ``query`` is packed ``[1, heads, T, head_dim]``; ``key``/``value`` come from
     :meth:`BatchMeta.update`, padded per row; ``attention_mask`` is the step's
-    :class:`BatchMeta`. Queries are scattered to ``[rows, heads, q_max, head_dim]``, one
-    ``scaled_dot_product_attention`` runs the whole batch, and the result is packed again.
+    :class:`BatchMeta`. One :func:`attend` call runs the whole batch.
 
     Returns:
         (``[1, T, heads, head_dim]``, None)
     """
-    import torch
-
     meta: BatchMeta = attention_mask
-    heads, _t, dim = query.shape[1:]
-    q = query[0].index_select(1, meta.q_index).view(heads, meta.rows, meta.q_max, dim).transpose(0, 1)
-    mask = meta.bias(int(sliding_window) if sliding_window else None, q.dtype)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q, key.to(q.dtype), value.to(q.dtype), attn_mask=mask, scale=scaling, enable_gqa=key.shape[1] != heads
-    )  # [rows, heads, q_max, dim]
-    packed = out.transpose(1, 2).reshape(meta.rows * meta.q_max, heads, dim).index_select(0, meta.pack_index)
-    return packed.unsqueeze(0), None
+    heads, t, dim = query.shape[1:]
+    out = attend(query[0].transpose(0, 1), key, value, meta, int(sliding_window) if sliding_window else None, scaling)
+    return out.view(1, t, heads, dim), None
 
 
 class PagedKvCache:
@@ -276,10 +305,18 @@ class PagedKvCache:
         self.device = device
         self.dtype = dtype or torch.float32
         slots = num_blocks * block_size
+        self.kv_heads, self.head_dim = kv_heads, head_dim
         with torch.inference_mode():
-            # empty, not zeros: pages are touched only as blocks are used
-            self.keys = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
-            self.values = [torch.empty(slots, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+            # empty, not zeros: pages are touched only as blocks are used. One tensor per layer,
+            # [slots, 2, kv_heads, head_dim] (a slot's key then its value), so that a step writes
+            # both with one index_copy_ and gathers both with one index_select (write_and_gather)
+            self.pools = [torch.empty(slots, 2, kv_heads, head_dim, dtype=self.dtype, device=device) for _ in range(num_layers)]
+        self.keys = [p[:, 0] for p in self.pools]  # [slots, kv_heads, head_dim] views
+        self.values = [p[:, 1] for p in self.pools]
+        self._flat = [p.view(-1, head_dim) for p in self.pools]
+        self._arange: tuple[Any, Any, Any] | None = None
+        # per context row of the flat view: key/value half times kv_heads plus the head, [2, 1, kv_heads, 1]
+        self._kv_offsets = torch.arange(2).view(2, 1, 1, 1) * kv_heads + torch.arange(kv_heads).view(1, 1, kv_heads, 1)
         self.bytes_per_token = 2 * num_layers * kv_heads * head_dim * self.keys[0].element_size() if num_layers else 0
 
     @property
@@ -319,50 +356,94 @@ class PagedKvCache:
         """
         import torch
 
-        need = 0
+        pool, bs = self.pool, self.block_size
+        lengths, held_tables = pool.lengths, pool.tables
+        extra = []
         for seq, pos, n in rows:
-            if self.length(seq) != pos:
-                raise ValueError(f"position {pos} does not follow the {self.length(seq)} tokens cached for {seq}")
-            need += self.pool.extra_blocks(seq, pos + n)
-        if need > self.pool.num_free:
-            raise KvCacheFull(f"KV cache full: the step needs {need} more block(s), {self.pool.num_free} free of {self.pool.num_blocks}")
-        for seq, pos, n in rows:
-            self.pool.grow(seq, pos + n)
-        bs = self.block_size
+            held = lengths.get(seq, 0)
+            if held != pos:
+                raise ValueError(f"position {pos} does not follow the {held} tokens cached for {seq}")
+            extra.append(max(0, blocks_for(pos + n, bs) - len(held_tables.get(seq, ()))))
+        need = sum(extra)
+        if need > pool.num_free:
+            raise KvCacheFull(f"KV cache full: the step needs {need} more block(s), {pool.num_free} free of {pool.num_blocks}")
+        for (seq, pos, n), e in zip(rows, extra, strict=True):
+            if e or seq not in held_tables:
+                pool.grow(seq, pos + n)
+            else:  # a decode step mostly: the row's blocks already hold its new token
+                lengths[seq] = pos + n
         b = len(rows)
-        pos_t = torch.tensor([p for _, p, _ in rows], dtype=torch.long)
-        n_t = torch.tensor([n for _, _, n in rows], dtype=torch.long)
-        kv_len = pos_t + n_t
-        q_max, kv_max = int(n_t.max()), int(kv_len.max())
+        pos_l = [p for _, p, _ in rows]
+        n_l = [n for _, _, n in rows]
+        q_max = max(n_l)
+        kv_max = max(p + n for p, n in zip(pos_l, n_l, strict=True))
         width = blocks_for(kv_max, bs)
-        tables = torch.zeros(b, width, dtype=torch.long)
-        for i, (seq, _, _) in enumerate(rows):
-            tb = self.pool.tables[seq]
-            tables[i, : len(tb)] = torch.tensor(tb, dtype=torch.long)
-        kv = torch.arange(kv_max)
-        slots = tables[:, kv // bs] * bs + kv % bs  # [b, kv_max]
-        kv_ok = kv.unsqueeze(0) < kv_len.unsqueeze(1)
-        gather = torch.where(kv_ok, slots, 0)
-        j = torch.arange(q_max)
-        q_ok = j.unsqueeze(0) < n_t.unsqueeze(1)  # [b, q_max]
-        q_pos = pos_t.unsqueeze(1) + j.unsqueeze(0)  # [b, q_max]
-        starts = torch.cumsum(n_t, 0) - n_t
-        q_index = torch.where(q_ok, starts.unsqueeze(1) + j.unsqueeze(0), 0).reshape(-1)
-        pack_index = (torch.arange(b).unsqueeze(1) * q_max + j.unsqueeze(0))[q_ok]
-        slot_mapping = gather.gather(1, q_pos.clamp(max=kv_max - 1))[q_ok]
-        mask = (kv.view(1, 1, kv_max) <= q_pos.unsqueeze(2)) & kv_ok.unsqueeze(1) & q_ok.unsqueeze(2)
-        mask[:, :, 0] |= ~q_ok  # a padded query attends to slot 0 only (no all-masked row, no NaN)
-        position_ids = q_pos[q_ok].unsqueeze(0)
-        last_index = starts + n_t - 1
+        tbs = [held_tables[seq][:width] for seq, _, _ in rows]
+        tables = torch.tensor([tb + [0] * (width - len(tb)) for tb in tbs], dtype=torch.long)  # one host tensor
+        pos_t = torch.tensor(pos_l, dtype=torch.long)
+        ar, blk, off = self._aranges(max(kv_max, b))
+        kv = ar[:kv_max]
+        slots = tables.index_select(1, blk[:kv_max]) * bs + off[:kv_max]  # [b, kv_max]
+        if q_max == 1:  # every row decodes one token: packed and padded queries coincide, the mask is the keys' validity
+            kv_ok = kv.unsqueeze(0) <= pos_t.unsqueeze(1)
+            gather = torch.where(kv_ok, slots, 0)
+            q_index = pack_index = last_index = ar[:b]
+            slot_mapping = torch.tensor([tb[p // bs] * bs + p % bs for tb, p in zip(tbs, pos_l, strict=True)], dtype=torch.long)
+            mask = kv_ok.view(b, 1, kv_max)
+            position_ids = pos_t.unsqueeze(0)
+        else:
+            n_t = torch.tensor(n_l, dtype=torch.long)
+            kv_len = pos_t + n_t
+            kv_ok = kv.unsqueeze(0) < kv_len.unsqueeze(1)
+            gather = torch.where(kv_ok, slots, 0)
+            j = ar[:q_max]
+            q_ok = j.unsqueeze(0) < n_t.unsqueeze(1)  # [b, q_max]
+            q_pos = pos_t.unsqueeze(1) + j.unsqueeze(0)  # [b, q_max]
+            starts = torch.cumsum(n_t, 0) - n_t
+            q_index = torch.where(q_ok, starts.unsqueeze(1) + j.unsqueeze(0), 0).reshape(-1)
+            pack_index = (ar[:b].unsqueeze(1) * q_max + j.unsqueeze(0))[q_ok]
+            slot_mapping = gather.gather(1, q_pos.clamp(max=kv_max - 1))[q_ok]
+            mask = (kv.view(1, 1, kv_max) <= q_pos.unsqueeze(2)) & kv_ok.unsqueeze(1) & q_ok.unsqueeze(2)
+            mask[:, :, 0] |= ~q_ok  # a padded query attends to slot 0 only (no all-masked row, no NaN)
+            position_ids = q_pos[q_ok].unsqueeze(0)
+            last_index = starts + n_t - 1
+        # row of every context key (then value) in the pool's flat [slots * 2 * kv_heads, head_dim] view, in
+        # [2, b, kv_heads, kv_max] order: one index_select gives contiguous per-row keys and values
+        kv_rows = gather.view(1, b, 1, kv_max) * (2 * self.kv_heads) + self._kv_offsets  # (slot * 2 + key/value) * kv_heads + head
         dev = self.device
         nb = dev != "cpu"
         return BatchMeta(
             rows=b, q_max=q_max, kv_max=kv_max,
             slot_mapping=slot_mapping.to(dev, non_blocking=nb), gather=gather.reshape(-1).to(dev, non_blocking=nb),
+            kv_rows=kv_rows.reshape(-1).to(dev, non_blocking=nb),
             q_index=q_index.to(dev, non_blocking=nb), pack_index=pack_index.to(dev, non_blocking=nb),
             last_index=last_index.to(dev, non_blocking=nb), position_ids=position_ids.to(dev, non_blocking=nb),
             mask=mask.unsqueeze(1).to(dev, non_blocking=nb), sliding_masks={}, cache=self,
         )  # fmt: skip
+
+    def _aranges(self, n: int) -> tuple[Any, Any, Any]:
+        """Host ``arange(m)``, its block index and in-block offset, ``m >= n`` (kept, grown by doubling)."""
+        import torch
+
+        if self._arange is None or self._arange[0].shape[0] < n:
+            ar = torch.arange(max(256, 1 << (n - 1).bit_length()))
+            self._arange = (ar, ar // self.block_size, ar % self.block_size)
+        return self._arange
+
+    def write_and_gather(self, meta: BatchMeta, layer: int, new_kv: Any) -> tuple[Any, Any]:
+        """Store one local layer's new keys and values and return every row's context.
+
+        Args:
+            meta: the step's index tensors.
+            layer: the shard-local layer.
+            new_kv: ``[T, 2, kv_heads, head_dim]``, each packed new token's key then value (any strides).
+
+        Returns:
+            Keys and values ``[rows, kv_heads, kv_max, head_dim]``, contiguous (padding from slot 0).
+        """
+        self.pools[layer].index_copy_(0, meta.slot_mapping, new_kv.to(self.dtype))
+        kv = self._flat[layer].index_select(0, meta.kv_rows).view(2, meta.rows, self.kv_heads, meta.kv_max, self.head_dim)
+        return kv[0], kv[1]
 
     def export(self, seq: str, layer: int) -> tuple[Any, Any]:
         """One local layer's KV of ``seq`` as contiguous ``[1, kv_heads, n, head_dim]`` tensors."""

@@ -156,6 +156,7 @@ def split_for_tp(shard: Any, rank: int, world: int) -> None:
         mlp.down_proj.register_forward_hook(_all_reduce_hook)
     shard.kv_heads = kv // world
     shard.weights_bytes = sum(p.numel() * p.element_size() for p in shard.model.parameters())
+    shard.lean = None  # a step built before the split holds the whole layers' fused weights
 
 
 def forward_cmd(rows: list[tuple[str, int, int]], ids: list[int] | None, hidden: Any | None) -> dict[str, Any]:
