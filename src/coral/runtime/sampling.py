@@ -72,6 +72,9 @@ def _penalties(x: Any, params: Sequence[SamplingParams], histories: Sequence[Seq
     return x
 
 
+GREEDY_BELOW = 1e-5  # a temperature at or below this samples greedily
+
+
 def sample_batch(
     logits: Any,
     params: Sequence[SamplingParams],
@@ -118,9 +121,9 @@ def sample_batch(
     logp = torch.log_softmax(raw, dim=-1) if want_lp else None
 
     temps = torch.tensor([p.temperature for p in params], device=x.device)
-    greedy = temps <= 1e-5
     tokens = torch.argmax(x, dim=-1)
-    rand_rows = [i for i in range(len(params)) if not bool(greedy[i])]
+    # from the params, not the tensor: reading `temps` back costs a device sync per row
+    rand_rows = [i for i, p in enumerate(params) if p.temperature > GREEDY_BELOW]
     if rand_rows:
         rows_ids = torch.tensor(rand_rows, device=x.device)
         y = x[rows_ids] / temps[rows_ids].unsqueeze(1)
