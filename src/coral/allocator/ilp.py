@@ -11,6 +11,7 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 
+from coral.allocator.bounds import lagrangian_alpha_bound, lagrangian_cost_bound
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
@@ -23,6 +24,7 @@ GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative
 GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
 GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
 PROBE_SHARE = 0.15  # of the time left, what those probes may use together
+LAGRANGIAN_SHARE = 0.1  # of the time left, what the Lagrangian α bound (`bounds.lagrangian_alpha_bound`) may use
 PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
 FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
 REDUCE_COLUMNS = 20_000  # from this many columns, cost mode starts from a rounded LP plan + reduced-cost fixing
@@ -322,7 +324,7 @@ def _alpha_on_ranked(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
 
 def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, g_form: Formulation,
                         g_lp: SolveResult, nu0: np.ndarray, alpha_lp: float, run: Callable[..., SolveResult],
-                        gap: float, limit: float) -> tuple[np.ndarray, float, str]:
+                        gap: float, limit: float, hi0: float | None = None) -> tuple[np.ndarray, float, str]:
     """A tighter bound on goodput mode's α than the max-α LP's `alpha_lp`, and maybe a better plan
     than `nu0`, from feasibility MILPs at α fixed.
 
@@ -340,13 +342,16 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
     reduced-cost fixing keeps for its α (in the max-α LP, a column of reduced cost above
     `alpha_lp − α` is 0 in every plan serving α).
 
+    `hi0`: a bound already proven (at most `alpha_lp`) the probes start from.
+
     Returns (ν, α bound, a summary of the probes for the notes)."""
     deadline = time.perf_counter() + limit
     d = -np.asarray(g_lp.reduced_costs, dtype=float)[:g_form.n]  # maximizing: reduced costs ≤ 0 at the bound
     used = np.asarray(g_lp.x, dtype=float)[:g_form.n] > 1e-9
-    best, lo, hi = nu0, float(served(cols, nu0).min()), alpha_lp
+    best, lo, hi = nu0, float(served(cols, nu0).min()), alpha_lp if hi0 is None else min(hi0, alpha_lp)
     hard = -math.inf  # the highest α a probe timed out at: no probe goes below it again
     timeouts = 0
+    proved = False  # whether a probe has proved infeasibility yet
     log: list[str] = []
     while lo > 0 and (hi - lo) / lo > gap and (hi - hard) / lo > gap / 8:
         left = deadline - time.perf_counter()
@@ -357,10 +362,10 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
         sub_cols = _sub_columns(cols, keep)
         form = formulate(inputs, sub_cols, nu_prev[keep], mode="cost", alpha=a)
         feas = replace(form, model=replace(form.model, c=np.zeros_like(form.model.c)))
-        res = run(feas, limit=min(left, PROBE_S if hi < alpha_lp else PROBE_S / 2), gap=gap)
+        res = run(feas, limit=min(left, PROBE_S if proved else PROBE_S / 2), gap=gap)
         got = decode_counts(feas, res)
         if res.status is Status.INFEASIBLE:
-            hi = a
+            hi, proved = a, True
             log.append(f"{a:.5g} infeasible ({res.wall_s:.1f} s)")
             continue
         if got is not None:
@@ -373,7 +378,7 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
             continue
         log.append(f"{a:.5g} {res.status.value} ({res.wall_s:.1f} s)")
         hard, timeouts = a, timeouts + 1
-        if timeouts >= 2 or hi == alpha_lp:
+        if timeouts >= 2 or not proved:
             break  # hard this close to the bound already: the time is better spent on plans
     how = "; ".join(log) if log else "none"
     return best, hi, how
@@ -440,6 +445,13 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         lp_obj = float(lp.objective)
         if form.alpha_col is not None:
             lp_obj = min(lp_obj, 1.0)  # the LP may have been solved with α uncapped (`_uncapped`)
+        covers = None
+        if mode == "cost":
+            # integer covers per (model, phase) priced at the LP's availability duals: at least the LP's
+            lag = lagrangian_cost_bound(cols, form.model.c[:form.n], form.model.col_upper[:form.n], alpha, lp,
+                                        skip=nu_prev > 0)
+            if lag is not None and math.isfinite(lag[0]):
+                lp_obj, covers = max(lp_obj, lag[0]), lag[1]
         rel = abs(inc - lp_obj) / max(abs(inc), 1e-12)
         if rel <= gap:
             return nu0, Status.OPTIMAL, rel, inc, lp_obj, "no MIP: the rounded LP plan is within the gap"
@@ -450,6 +462,8 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
             # too many for the MIP inside the epoch (HiGHS's presolve does not watch the clock):
             # the columns of least reduced cost per (model, phase); the bound stays the LP's
             keep &= best_per_group(cols, form, lp, MIP_COLUMNS // max(len(cols.groups), 1))
+            if covers is not None:
+                keep |= covers > 0  # where the Lagrangian bound's integer covers are
             exact = False
         keep |= nu0 > 0
         keep |= nu_prev > 0
@@ -480,7 +494,8 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         how = (f"{idx.size:,} of {form.n:,} columns, "
                + ("reduced-cost fixing: the others cannot beat the rounded LP plan" if exact else
                   f"the {MIP_COLUMNS // max(len(cols.groups), 1)} of least reduced cost per model and phase"
-                  "; bound: the LP's"))
+                  + ("; bound: the Lagrangian's (integer covers per model and phase)" if mode == "cost" else
+                     "; bound: the LP's")))
         return nu, status, g, obj, bound, how
 
     cost_lp: SolveResult | None = None  # set when the cost LP is feasible but nothing rounds it (large models)
@@ -558,9 +573,16 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         # a bound from feasibility MILPs at α fixed, then the max-α MILP on the columns reduced-cost
         # fixing keeps against the better plan
         alpha_until = time.perf_counter() + remaining() * GOODPUT_ALPHA_SHARE  # the probes are part of α's share
+        t_lag = time.perf_counter()
+        lag_bound, tests = lagrangian_alpha_bound(cols, g_form.model.col_upper[:g_form.n], g_lp, alpha_0, alpha_lp,
+                                                  tol=gap / 8, limit_s=remaining() * LAGRANGIAN_SHARE)
+        lag_s = time.perf_counter() - t_lag
+        solve_s += lag_s
+        notes.append(f"alpha bound {lag_bound:.6g} from integer covers per model and phase at the LP's availability "
+                     f"duals (LP {alpha_lp:.6g}; {tests} alpha tested, {lag_s:.1f} s)")
         nu0, probe_bound, probes = _alpha_bound_probes(inputs, cols, nu_prev, g_form, g_lp,
                                                        start_x[:g_form.n].astype(np.int64), alpha_lp, run, gap,
-                                                       remaining() * PROBE_SHARE)
+                                                       remaining() * PROBE_SHARE, hi0=lag_bound)
         notes.append(f"alpha bounds from feasibility MILPs at alpha fixed: {probes}")
         alpha_got = float(served(cols, nu0).min())
         if (probe_bound - alpha_got) / alpha_got <= gap:
