@@ -101,7 +101,8 @@ def _by_group(cols: Columns) -> list[np.ndarray]:
 
 
 def lagrangian_cost_bound(cols: Columns, c: np.ndarray, ub: np.ndarray, alpha: float, lp: SolveResult, *,
-                          skip: np.ndarray | None = None) -> tuple[float, np.ndarray] | None:
+                          skip: np.ndarray | None = None, floor_lp: bool = True,
+                          limit_s: float = math.inf) -> tuple[float, np.ndarray] | None:
     """A lower bound on the cost ILP's optimum at `alpha` (module docstring), at least the LP's.
 
     Args:
@@ -110,8 +111,13 @@ def lagrangian_cost_bound(cols: Columns, c: np.ndarray, ub: np.ndarray, alpha: f
             price alone for running columns, whose start-up and stop terms are ≥ 0 and dropped).
         ub: the upper bound per `ν` column.
         alpha: the demand fraction every group meets.
-        lp: the model's LP relaxation, solved to optimality (with reduced costs).
+        lp: the model's LP relaxation, solved to optimality (with reduced costs); or, with
+            `floor_lp` False, the LP of another model of the same columns (its duals are multipliers
+            like any other, its objective bounds nothing here).
         skip: columns left out of the dual recovery (the running ones).
+        floor_lp: whether `lp` is this model's LP, whose objective the bound is raised to.
+        limit_s: past this many seconds, the groups left count with their knapsack's LP value
+            (valid, and no stronger than the LP's share).
 
     Returns:
         (the bound, `inf` when some group cannot be covered at all; the groups' cheapest covers at
@@ -128,12 +134,14 @@ def lagrangian_cost_bound(cols: Columns, c: np.ndarray, ub: np.ndarray, alpha: f
     theta = cols.throughput[cols.col_t]
     total = -cap
     covers = np.zeros(cols.num_cols)
+    deadline = time.perf_counter() + limit_s
     for g, idx in enumerate(_by_group(cols)):
-        bound, x = cover(cost[idx], theta[idx], ub[idx], alpha * float(cols.demand[g]))
+        nodes = KNAPSACK_NODES if time.perf_counter() < deadline else 0
+        bound, x = cover(cost[idx], theta[idx], ub[idx], alpha * float(cols.demand[g]), max_nodes=nodes)
         total += bound
         if x is not None:
             covers[idx] = x
-    return max(total, float(lp.objective)), covers
+    return (max(total, float(lp.objective)) if floor_lp else total), covers
 
 
 def lagrangian_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, lo: float, hi: float, *, tol: float,
@@ -153,15 +161,17 @@ def lagrangian_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, lo: f
     theta = cols.throughput[cols.col_t]
     groups = _by_group(cols)
 
+    deadline = time.perf_counter() + limit_s
+
     def infeasible(a: float) -> bool:
         total = 0.0
         for g, idx in enumerate(groups):
-            total += cover_min(w[idx], theta[idx], ub[idx], a * float(cols.demand[g]))
+            nodes = KNAPSACK_NODES if time.perf_counter() < deadline else 0  # late: the LP values (still valid)
+            total += cover_min(w[idx], theta[idx], ub[idx], a * float(cols.demand[g]), max_nodes=nodes)
             if total > cap * (1 + 1e-9) + 1e-12:
                 return True
         return False
 
-    deadline = time.perf_counter() + limit_s
     tests = 0
     while (hi - lo) / lo > tol and time.perf_counter() < deadline:
         mid = (lo + hi) / 2

@@ -164,3 +164,21 @@ def test_alpha_bound_beats_the_lp_by_hand():
                                           limit_s=30.0)
     assert tests > 0
     assert 0.5 < bound <= 0.5 * (1 + 2e-6)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cost_bound_from_another_models_lp_is_still_a_bound(seed):
+    # the large-model cost pass at α* prices the nodes with the cost LP at another α (`foreign`)
+    inputs, cols, prev = _scarce(seed)
+    g_form = formulate(inputs, cols, prev, mode="goodput")
+    best = min(float(served(cols, decode_counts(g_form, solve(g_form.model, EXACT))).min()), 1.0)
+    other = formulate(inputs, cols, prev, mode="cost", alpha=0.9 * best)
+    other_lp = solve(_relaxed(other).model)
+    alpha = 0.6 * best
+    form = formulate(inputs, cols, prev, mode="cost", alpha=alpha)
+    exact = solve(form.model, EXACT)
+    assert other_lp.status is Status.OPTIMAL and exact.status is Status.OPTIMAL
+    got = lagrangian_cost_bound(cols, form.model.c[:form.n], form.model.col_upper[:form.n], alpha, other_lp,
+                                floor_lp=False)
+    assert got is not None
+    assert got[0] <= float(exact.objective) * (1 + 1e-9) + 1e-9
