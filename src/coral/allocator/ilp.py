@@ -26,7 +26,7 @@ GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, no
 PROBE_SHARE = 0.15  # of the time left, what those probes may use together
 LAGRANGIAN_SHARE = 0.25  # of the time left, what one Lagrangian bound (`coral.allocator.bounds`) may use
 PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
-FINISH_RESERVE_S = 0.2  # the solves stop this long before the limit: HiGHS overruns it slightly (more on a busy host)
+FINISH_RESERVE_S = 0.3  # the solves stop this long before the limit: HiGHS overruns it slightly (more on a busy host)
 REDUCE_COLUMNS = 20_000  # from this many columns, cost mode starts from a rounded LP plan + reduced-cost fixing
 MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced-cost mode gets (see `polish`)
 
