@@ -36,8 +36,6 @@ from coral.solver import SolveResult
 KNAPSACK_NODES = 20_000  # the most branch-and-bound nodes one group's knapsack may take (then its LP value counts)
 
 
-
-
 def availability_duals(cols: Columns, c: np.ndarray, lp: SolveResult, *, maximize: bool,
                        skip: np.ndarray | None = None, alpha_col: int | None = None) -> np.ndarray | None:
     """Multipliers `λ ≥ 0` per (region, config) for the availability rows (0 where unbounded), from
@@ -149,10 +147,11 @@ def lagrangian_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, lo: f
     """The least `α ∈ (lo, hi]` the Lagrangian relaxation at the max-α LP's availability duals
     proves no plan serves, by bisection to `tol` (relative), or `hi` when it proves none.
 
-    `lp` is the max-α LP (`ν` columns first, then α, objective 1 on α: no running columns); `lo` an α some plan serves,
-    `hi` a proven bound. The test at `α` is `Σ_g min{w·ν : cover of α·D_g} > λ·A` (the knapsacks'
-    minimum only grows with α, so bisection finds where it starts to hold). Returns (the bound,
-    how many α it tested)."""
+    `lp` is the max-α LP (`ν` columns first, then α, objective 1 on α: no running columns); `lo`
+    an α some plan serves, `hi` a proven bound. The test at `α` is `Σ_g min{w·ν : cover of α·D_g}
+    > λ·A` (the knapsacks' minimum only grows with α, so bisection finds where it starts to hold;
+    each test that holds is a proof on its own, so the time limit, which turns late knapsacks into
+    their LP values, only weakens the bound). Returns (the bound, how many α it tested)."""
     n = cols.num_cols
     lam = availability_duals(cols, np.zeros(n), lp, maximize=True, alpha_col=n)
     if lam is None or not lam.any() or not hi > lo > 0:
