@@ -34,6 +34,7 @@ from coral.allocator.inputs import Columns
 from coral.solver import SolveResult
 
 KNAPSACK_NODES = 20_000  # the most branch-and-bound nodes one group's knapsack may take (then its LP value counts)
+DW_ROUNDS = 60  # the most column-generation rounds of `alpha_out_of_reach`
 
 
 def availability_duals(cols: Columns, c: np.ndarray, lp: SolveResult, *, maximize: bool,
@@ -308,3 +309,113 @@ def _branch_and_bound(w: np.ndarray, theta: np.ndarray, ub: np.ndarray, need: fl
         node, i, k = node
         x[order[i]] = k
     return best, x
+
+
+def alpha_out_of_reach(cols: Columns, ub: np.ndarray, lp: SolveResult, alpha: float, *, limit_s: float,
+                       max_rounds: int = DW_ROUNDS) -> bool:
+    """Whether no plan serves `alpha` of every demand, by the Lagrangian test of
+    `lagrangian_alpha_bound` at the best multipliers column generation finds (Dantzig–Wolfe over
+    the same knapsacks), starting from the max-α LP `lp`'s availability duals.
+
+    The master LP picks, per (model, phase), a convex combination of its integer covers of
+    `alpha·D_g` found so far, using at most `t`× the availability: `min t` s.t. `Σ_p z_gp = 1` per
+    group, `Σ_{g,p} U(p)·z_gp ≤ t·A`. Its availability duals `λ` price the next covers; the test
+    `Σ_g K_g(λ) > λ·A` is checked at every round's `λ`, and each time it holds it is a proof on
+    its own (valid for any `λ ≥ 0`), whether or not the generation has converged. It ends with a
+    proof, when no cover prices below its group's convexity dual (converged: `alpha` is within
+    the knapsacks' reach), after `max_rounds`, or at `limit_s`."""
+    n = cols.num_cols
+    deadline = time.perf_counter() + limit_s
+    lam = availability_duals(cols, np.zeros(n), lp, maximize=True, alpha_col=n)
+    if lam is None:
+        return False
+    finite = np.isfinite(cols.avail) & (cols.avail > 0)
+    rows_rc = np.flatnonzero(finite.reshape(-1))
+    cap = cols.avail.reshape(-1)[rows_rc]
+    G = len(cols.groups)
+    theta = cols.throughput[cols.col_t]
+    groups = _by_group(cols)
+    use = cols.usage[cols.col_t].astype(float)
+    R, C = cols.avail.shape
+    patterns: list[tuple[int, np.ndarray]] = []  # (group, usage over the availability rows)
+    mu = np.zeros(G)  # the convexity duals (before the first master every cover is new)
+    for rnd in range(max_rounds):
+        w, lam_cap = _weights(cols, lam)
+        total, added = 0.0, 0
+        for g, idx in enumerate(groups):
+            bound, x = cover(w[idx], theta[idx], ub[idx], alpha * float(cols.demand[g]))
+            total += bound
+            if x is not None and (rnd == 0 or bound < mu[g] - 1e-9 * max(abs(mu[g]), 1.0)):
+                u = np.zeros((R, C))
+                np.add.at(u, cols.col_r[idx], use[idx] * x[:, None])
+                patterns.append((g, u.reshape(-1)[rows_rc]))
+                added += 1
+        if total > lam_cap * (1 + 1e-9) + 1e-12:
+            return True
+        if added == 0 or time.perf_counter() > deadline:
+            return False
+        duals = _master_duals(patterns, G, cap)
+        if duals is None:
+            return False
+        mu, lam_rows = duals
+        lam = np.zeros(R * C)
+        lam[rows_rc] = lam_rows
+        lam = lam.reshape(R, C)
+    return False
+
+
+def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
+                  cap: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The Dantzig–Wolfe master's duals (convexity `μ_g`, availability `λ ≥ 0`), or None.
+
+    Each row gets a column fixed at 0 with a 1 in that row: it changes nothing, and its reduced
+    cost `0 − y_i` is the row's dual (the adapter reports reduced costs, not row duals)."""
+    import scipy.sparse as sp  # as `ilp.formulate` builds its rows (a lazy import: not at start-up)
+
+    from coral.solver import MilpModel, SolveOptions, Status, solve
+
+    P, m = len(patterns), cap.shape[0]
+    rows, cols_, vals = [], [], []
+    for p, (g, u) in enumerate(patterns):
+        nz = np.flatnonzero(u)
+        rows += [np.array([g]), G + nz]
+        cols_ += [np.array([p]), np.full(nz.size, p)]
+        vals += [np.ones(1), u[nz]]
+    rows += [G + np.arange(m), np.arange(G + m)]  # t, then the probe columns
+    cols_ += [np.full(m, P), P + 1 + np.arange(G + m)]
+    vals += [-cap, np.ones(G + m)]
+    num = P + 1 + G + m
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols_))), shape=(G + m, num))
+    c = np.zeros(num)
+    c[P] = 1.0
+    upper = np.full(num, np.inf)
+    upper[P + 1:] = 0.0
+    model = MilpModel(c=c, A=A, row_lower=np.concatenate([np.ones(G), np.full(m, -np.inf)]),
+                      row_upper=np.concatenate([np.ones(G), np.zeros(m)]), col_lower=np.zeros(num), col_upper=upper,
+                      integrality=np.zeros(num, dtype=bool))
+    res = solve(model, SolveOptions(backend="highs", time_limit_s=5.0))
+    if res.status is not Status.OPTIMAL or res.reduced_costs is None:
+        return None
+    y = -np.asarray(res.reduced_costs[P + 1:], dtype=float)
+    return y[:G], np.maximum(-y[G:], 0.0)  # minimizing: a ≤ row's dual is ≤ 0
+
+
+def column_generation_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, target: float, hi: float, *,
+                                  tol: float, limit_s: float) -> tuple[float, int]:
+    """The least α `alpha_out_of_reach` proves, tried at `target` first (the α that would close the
+    caller's gap), then by bisection up to the proven bound `hi` (relative `tol`), within `limit_s`.
+    Returns (the bound, `hi` when nothing was proved below it; how many α it tested)."""
+    deadline = time.perf_counter() + limit_s
+    lo, a, tests = target, target, 0
+    while time.perf_counter() < deadline and a < hi:
+        tests += 1
+        if alpha_out_of_reach(cols, ub, lp, a, limit_s=deadline - time.perf_counter()):
+            hi = a
+            if a == target:
+                break
+        else:
+            lo = a
+        if (hi - lo) / lo <= tol:
+            break
+        a = (lo + hi) / 2
+    return hi, tests

@@ -11,7 +11,11 @@ from typing import Literal, TypeVar
 import numpy as np
 import scipy.sparse as sp
 
-from coral.allocator.bounds import lagrangian_alpha_bound, lagrangian_cost_bound
+from coral.allocator.bounds import (
+    column_generation_alpha_bound,
+    lagrangian_alpha_bound,
+    lagrangian_cost_bound,
+)
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
@@ -25,6 +29,7 @@ GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the c
 GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
 PROBE_SHARE = 0.15  # of the time left, what those probes may use together
 LAGRANGIAN_SHARE = 0.25  # of the time left, what one Lagrangian bound (`coral.allocator.bounds`) may use
+DW_SHARE = 0.15  # of the time left, what the column-generation α bound may use (`bounds.column_generation_alpha_bound`)
 PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
 FINISH_RESERVE_S = 0.3  # the solves stop this long before the limit: HiGHS overruns it slightly (more on a busy host)
 REDUCE_COLUMNS = 20_000  # from this many columns, cost mode starts from a rounded LP plan + reduced-cost fixing
@@ -609,8 +614,19 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
                 use_start=GOODPUT_ALPHA_START, alpha_cap=probe_bound)
             alpha_bound = min(alpha_bound, probe_bound)
             alpha_got = float(served(cols, g_nu).min())
-            g_status = Status.OPTIMAL if (alpha_bound - alpha_got) / alpha_got <= gap else g_status
             notes.append(f"alpha ILP on {how}")
+            if (alpha_bound - alpha_got) / alpha_got > gap and alpha_got > 0:
+                # the knapsacks' best multipliers (column generation) against the α that would
+                # close the gap: a proof there ends phase 1 within it
+                target = alpha_got * (1 + gap * (1 - 1e-6))
+                t_dw = time.perf_counter()
+                dw_bound, tests = timed(lambda: column_generation_alpha_bound(
+                    cols, g_form.model.col_upper[:g_form.n], g_lp, target, alpha_bound, tol=gap / 8,
+                    limit_s=remaining() * DW_SHARE))
+                notes.append(f"alpha bound {dw_bound:.6g} from column generation over the integer covers "
+                             f"(from {target:.6g}; {tests} alpha tested, {time.perf_counter() - t_dw:.1f} s)")
+                alpha_bound = min(alpha_bound, dw_bound)
+            g_status = Status.OPTIMAL if (alpha_bound - alpha_got) / alpha_got <= gap else g_status
     else:
         # Not started from the rounded plan: HiGHS's own heuristics, measured on the synthetic
         # scarce cases, find better plans from scratch; the rounded plan is kept as a fallback.

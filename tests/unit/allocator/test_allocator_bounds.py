@@ -13,7 +13,9 @@ from allocator_helpers import D, P, demand_of, make_library, make_scenario, make
 from test_allocator_reduced import instance
 
 from coral.allocator.bounds import (
+    alpha_out_of_reach,
     availability_duals,
+    column_generation_alpha_bound,
     cover,
     cover_min,
     lagrangian_alpha_bound,
@@ -182,3 +184,37 @@ def test_cost_bound_from_another_models_lp_is_still_a_bound(seed):
                                 floor_lp=False)
     assert got is not None
     assert got[0] <= float(exact.objective) * (1 + 1e-9) + 1e-9
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_column_generation_never_rules_out_a_served_alpha(seed):
+    # at the exact optimum α* a plan exists, so no Lagrangian test may hold there; the bound found
+    # upward from a served α is at least the optimum and at most the bound it was given
+    inputs, cols, prev = _scarce(seed)
+    g_form = formulate(inputs, cols, prev, mode="goodput")
+    lp = solve(_relaxed(g_form).model)
+    exact = solve(g_form.model, EXACT)
+    alpha_exact = float(served(cols, decode_counts(g_form, exact)).min())
+    ub = g_form.model.col_upper[:g_form.n]
+    assert not alpha_out_of_reach(cols, ub, lp, alpha_exact, limit_s=30.0)
+    alpha_lp = min(float(lp.objective), 1.0)
+    if alpha_lp > alpha_exact * (1 + 1e-6):
+        bound, tests = column_generation_alpha_bound(cols, ub, lp, alpha_exact * (1 + 1e-6), alpha_lp, tol=1e-4,
+                                                     limit_s=30.0)
+        assert tests >= 1
+        assert alpha_exact <= bound <= alpha_lp
+
+
+def test_column_generation_rules_out_the_hand_case_above_its_optimum():
+    # the hand case of test_alpha_bound_beats_the_lp_by_hand: α* = 0.5, LP 0.75
+    scenario = make_scenario(["m1"], {("r1", "A"): 1.0}, {("r1", "A"): 3})
+    library = make_library([make_template("m1", P, ("A", "A"), 100.0), make_template("m1", D, ("A",), 100.0)])
+    inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 100.0, ("m1", D): 200.0}, ["m1"]))
+    cols = build_columns(inputs)
+    g_form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
+    lp = solve(_relaxed(g_form).model)
+    ub = g_form.model.col_upper[:g_form.n]
+    assert alpha_out_of_reach(cols, ub, lp, 0.51, limit_s=30.0)
+    assert not alpha_out_of_reach(cols, ub, lp, 0.5, limit_s=30.0)
+    bound, _ = column_generation_alpha_bound(cols, ub, lp, 0.5, 0.75, tol=1e-6, limit_s=30.0)
+    assert 0.5 < bound <= 0.5 * (1 + 2e-6)
