@@ -35,6 +35,7 @@ from coral.solver import SolveResult
 
 KNAPSACK_NODES = 20_000  # the most branch-and-bound nodes one group's knapsack may take (then its LP value counts)
 DW_ROUNDS = 60  # the most column-generation rounds of `alpha_out_of_reach`
+DW_TEST_S = 0.4  # the most one α test of `column_generation_alpha_bound` may take
 
 
 def availability_duals(cols: Columns, c: np.ndarray, lp: SolveResult, *, maximize: bool,
@@ -312,7 +313,7 @@ def _branch_and_bound(w: np.ndarray, theta: np.ndarray, ub: np.ndarray, need: fl
 
 
 def alpha_out_of_reach(cols: Columns, ub: np.ndarray, lp: SolveResult, alpha: float, *, limit_s: float,
-                       max_rounds: int = DW_ROUNDS) -> bool:
+                       max_rounds: int = DW_ROUNDS) -> bool | None:
     """Whether no plan serves `alpha` of every demand, by the Lagrangian test of
     `lagrangian_alpha_bound` at the best multipliers column generation finds (Dantzig–Wolfe over
     the same knapsacks), starting from the max-α LP `lp`'s availability duals.
@@ -321,14 +322,14 @@ def alpha_out_of_reach(cols: Columns, ub: np.ndarray, lp: SolveResult, alpha: fl
     `alpha·D_g` found so far, using at most `t`× the availability: `min t` s.t. `Σ_p z_gp = 1` per
     group, `Σ_{g,p} U(p)·z_gp ≤ t·A`. Its availability duals `λ` price the next covers; the test
     `Σ_g K_g(λ) > λ·A` is checked at every round's `λ`, and each time it holds it is a proof on
-    its own (valid for any `λ ≥ 0`), whether or not the generation has converged. It ends with a
-    proof, when no cover prices below its group's convexity dual (converged: `alpha` is within
-    the knapsacks' reach), after `max_rounds`, or at `limit_s`."""
+    its own (valid for any `λ ≥ 0`), whether or not the generation has converged. Returns True
+    with a proof; False when no cover prices below its group's convexity dual (converged: `alpha`
+    is within the knapsacks' reach); None after `max_rounds` or at `limit_s` (undecided)."""
     n = cols.num_cols
     deadline = time.perf_counter() + limit_s
     lam = availability_duals(cols, np.zeros(n), lp, maximize=True, alpha_col=n)
     if lam is None:
-        return False
+        return None
     finite = np.isfinite(cols.avail) & (cols.avail > 0)
     rows_rc = np.flatnonzero(finite.reshape(-1))
     cap = cols.avail.reshape(-1)[rows_rc]
@@ -352,16 +353,18 @@ def alpha_out_of_reach(cols: Columns, ub: np.ndarray, lp: SolveResult, alpha: fl
                 added += 1
         if total > lam_cap * (1 + 1e-9) + 1e-12:
             return True
-        if added == 0 or time.perf_counter() > deadline:
+        if added == 0:
             return False
+        if time.perf_counter() > deadline:
+            return None
         duals = _master_duals(patterns, G, cap)
         if duals is None:
-            return False
+            return None
         mu, lam_rows = duals
         lam = np.zeros(R * C)
         lam[rows_rc] = lam_rows
         lam = lam.reshape(R, C)
-    return False
+    return None
 
 
 def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
@@ -403,13 +406,18 @@ def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
 def column_generation_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, target: float, hi: float, *,
                                   tol: float, limit_s: float) -> tuple[float, int]:
     """The least α `alpha_out_of_reach` proves, tried at `target` first (the α that would close the
-    caller's gap), then by bisection up to the proven bound `hi` (relative `tol`), within `limit_s`.
+    caller's gap), then by bisection up to the proven bound `hi` (relative `tol`), within `limit_s`,
+    each test within `DW_TEST_S`; an undecided test ends the search (column generation that does
+    not converge in that time, as on the real `extended` scarce case, would not in the next).
     Returns (the bound, `hi` when nothing was proved below it; how many α it tested)."""
     deadline = time.perf_counter() + limit_s
     lo, a, tests = target, target, 0
     while time.perf_counter() < deadline and a < hi:
         tests += 1
-        if alpha_out_of_reach(cols, ub, lp, a, limit_s=deadline - time.perf_counter()):
+        out = alpha_out_of_reach(cols, ub, lp, a, limit_s=min(deadline - time.perf_counter(), DW_TEST_S))
+        if out is None:
+            break
+        if out:
             hi = a
             if a == target:
                 break

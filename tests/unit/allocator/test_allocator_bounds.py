@@ -196,7 +196,7 @@ def test_column_generation_never_rules_out_a_served_alpha(seed):
     exact = solve(g_form.model, EXACT)
     alpha_exact = float(served(cols, decode_counts(g_form, exact)).min())
     ub = g_form.model.col_upper[:g_form.n]
-    assert not alpha_out_of_reach(cols, ub, lp, alpha_exact, limit_s=30.0)
+    assert alpha_out_of_reach(cols, ub, lp, alpha_exact, limit_s=30.0) is not True  # never a false proof
     alpha_lp = min(float(lp.objective), 1.0)
     if alpha_lp > alpha_exact * (1 + 1e-6):
         bound, tests = column_generation_alpha_bound(cols, ub, lp, alpha_exact * (1 + 1e-6), alpha_lp, tol=1e-4,
@@ -214,7 +214,7 @@ def test_column_generation_rules_out_the_hand_case_above_its_optimum():
     g_form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
     lp = solve(_relaxed(g_form).model)
     ub = g_form.model.col_upper[:g_form.n]
-    assert alpha_out_of_reach(cols, ub, lp, 0.51, limit_s=30.0)
-    assert not alpha_out_of_reach(cols, ub, lp, 0.5, limit_s=30.0)
+    assert alpha_out_of_reach(cols, ub, lp, 0.51, limit_s=30.0) is True
+    assert alpha_out_of_reach(cols, ub, lp, 0.5, limit_s=30.0) is False  # converged: within reach
     bound, _ = column_generation_alpha_bound(cols, ub, lp, 0.5, 0.75, tol=1e-6, limit_s=30.0)
     assert 0.5 < bound <= 0.5 * (1 + 2e-6)
