@@ -6,10 +6,15 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
+from coral.allocator.bounds import (
+    column_generation_alpha_bound,
+    lagrangian_alpha_bound,
+    lagrangian_cost_bound,
+)
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
@@ -22,8 +27,10 @@ GOODPUT_GAP = 5e-3  # goodput mode solves α and the cost at α to this relative
 GOODPUT_ALPHA_SHARE = 0.5  # of the time left, what the α search may use (the cost pass gets the rest)
 GOODPUT_ALPHA_START = False  # the α ILP starts from HiGHS's own heuristics, not the rounded plan
 PROBE_SHARE = 0.15  # of the time left, what those probes may use together
+LAGRANGIAN_SHARE = 0.25  # of the time left, what one Lagrangian bound (`coral.allocator.bounds`) may use
+DW_SHARE = 0.15  # of the time left, what the column-generation α bound may use (`bounds.column_generation_alpha_bound`)
 PROBE_S = 0.6  # the most one feasibility MILP bounding goodput mode's α may take (`_alpha_bound_probes`)
-FINISH_RESERVE_S = 0.1  # the solves stop this long before the limit: HiGHS overruns it slightly
+FINISH_RESERVE_S = 0.3  # the solves stop this long before the limit: HiGHS overruns it slightly (more on a busy host)
 REDUCE_COLUMNS = 20_000  # from this many columns, cost mode starts from a rounded LP plan + reduced-cost fixing
 MIP_COLUMNS = 1_200  # the most columns a MIP of goodput / reduced-cost mode gets (see `polish`)
 
@@ -321,7 +328,7 @@ def _alpha_on_ranked(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
 
 def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, g_form: Formulation,
                         g_lp: SolveResult, nu0: np.ndarray, alpha_lp: float, run: Callable[..., SolveResult],
-                        gap: float, limit: float) -> tuple[np.ndarray, float, str]:
+                        gap: float, limit: float, hi0: float | None = None) -> tuple[np.ndarray, float, str]:
     """A tighter bound on goodput mode's α than the max-α LP's `alpha_lp`, and maybe a better plan
     than `nu0`, from feasibility MILPs at α fixed.
 
@@ -339,13 +346,16 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
     reduced-cost fixing keeps for its α (in the max-α LP, a column of reduced cost above
     `alpha_lp − α` is 0 in every plan serving α).
 
+    `hi0`: a bound already proven (at most `alpha_lp`) the probes start from.
+
     Returns (ν, α bound, a summary of the probes for the notes)."""
     deadline = time.perf_counter() + limit
     d = -np.asarray(g_lp.reduced_costs, dtype=float)[:g_form.n]  # maximizing: reduced costs ≤ 0 at the bound
     used = np.asarray(g_lp.x, dtype=float)[:g_form.n] > 1e-9
-    best, lo, hi = nu0, float(served(cols, nu0).min()), alpha_lp
+    best, lo, hi = nu0, float(served(cols, nu0).min()), alpha_lp if hi0 is None else min(hi0, alpha_lp)
     hard = -math.inf  # the highest α a probe timed out at: no probe goes below it again
     timeouts = 0
+    proved = False  # whether a probe has proved infeasibility yet
     log: list[str] = []
     while lo > 0 and (hi - lo) / lo > gap and (hi - hard) / lo > gap / 8:
         left = deadline - time.perf_counter()
@@ -356,10 +366,10 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
         sub_cols = _sub_columns(cols, keep)
         form = formulate(inputs, sub_cols, nu_prev[keep], mode="cost", alpha=a)
         feas = replace(form, model=replace(form.model, c=np.zeros_like(form.model.c)))
-        res = run(feas, limit=min(left, PROBE_S if hi < alpha_lp else PROBE_S / 2), gap=gap)
+        res = run(feas, limit=min(left, PROBE_S if proved else PROBE_S / 2), gap=gap)
         got = decode_counts(feas, res)
         if res.status is Status.INFEASIBLE:
-            hi = a
+            hi, proved = a, True
             log.append(f"{a:.5g} infeasible ({res.wall_s:.1f} s)")
             continue
         if got is not None:
@@ -372,7 +382,7 @@ def _alpha_bound_probes(inputs: AllocationInputs, cols: Columns, nu_prev: np.nda
             continue
         log.append(f"{a:.5g} {res.status.value} ({res.wall_s:.1f} s)")
         hard, timeouts = a, timeouts + 1
-        if timeouts >= 2 or hi == alpha_lp:
+        if timeouts >= 2 or not proved:
             break  # hard this close to the bound already: the time is better spent on plans
     how = "; ".join(log) if log else "none"
     return best, hi, how
@@ -419,14 +429,31 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         solve_s += res.wall_s
         return res
 
+    T = TypeVar("T")
+
+    def timed(fn: Callable[[], T]) -> T:  # a bound computed here counts as solver time
+        nonlocal solve_s
+        began = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            solve_s += time.perf_counter() - began
+
     def polish(mode: Mode, alpha: float, form: Formulation, lp: SolveResult, nu0: np.ndarray, *, gap: float,
                limit: float | None = None,
-               use_start: bool = True, alpha_cap: float = 1.0) -> tuple[np.ndarray, Status, float, float, float, str]:
+               use_start: bool = True, alpha_cap: float = 1.0,
+               foreign: bool = False) -> tuple[np.ndarray, Status, float, float, float, str]:
         """The MIP on the columns reduced-cost fixing keeps (`reduced_cost_keep`, from the LP `lp`
         of `form` and the incumbent `nu0`), started from `nu0` when `use_start`. Returns
         (ν, status, gap, objective, bound, which columns the MIP had, for the notes); the gap is against the better of the LP's
         and the reduced MIP's bound, both valid for the whole model (a column fixed at 0 is 0 in
-        every solution better than the incumbent, which the reduced model contains)."""
+        every solution better than the incumbent, which the reduced model contains); in cost mode
+        also the Lagrangian bound (`bounds.lagrangian_cost_bound`).
+
+        `foreign`: `lp` is the LP of another model of the same columns (cost mode at α = 1, for the
+        cost pass at α* of a large model: re-solving it takes seconds the MIP needs). It then only
+        ranks the columns and prices the availability: no fixing, the bound is the Lagrangian's
+        alone (valid for any multipliers), never that LP's objective."""
         maxi = form.model.sense == "max"
 
         def point(f: Formulation, nu: np.ndarray, prev: np.ndarray) -> np.ndarray:
@@ -436,13 +463,21 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
             return x
 
         inc = float(form.model.c @ point(form, nu0, nu_prev))
-        lp_obj = float(lp.objective)
+        assert not foreign or (mode == "cost" and cols.num_cols >= REDUCE_COLUMNS)
+        lp_obj = 0.0 if foreign else float(lp.objective)  # costs are ≥ 0: 0 bounds any plan
         if form.alpha_col is not None:
             lp_obj = min(lp_obj, 1.0)  # the LP may have been solved with α uncapped (`_uncapped`)
+        if mode == "cost":
+            # integer covers per (model, phase) priced at the LP's availability duals: at least the LP's
+            lag = timed(lambda: lagrangian_cost_bound(cols, form.model.c[:form.n], form.model.col_upper[:form.n],
+                                                      alpha, lp, skip=nu_prev > 0, floor_lp=not foreign,
+                                                      limit_s=remaining() * LAGRANGIAN_SHARE))
+            if lag is not None and math.isfinite(lag[0]):
+                lp_obj = max(lp_obj, lag[0])
         rel = abs(inc - lp_obj) / max(abs(inc), 1e-12)
         if rel <= gap:
             return nu0, Status.OPTIMAL, rel, inc, lp_obj, "no MIP: the rounded LP plan is within the gap"
-        keep = reduced_cost_keep(form, lp, inc)
+        keep = None if foreign else reduced_cost_keep(form, lp, inc)
         keep = np.ones(form.n, dtype=bool) if keep is None else keep
         exact = True
         if keep.sum() > MIP_COLUMNS and cols.num_cols >= REDUCE_COLUMNS:
@@ -479,7 +514,8 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         how = (f"{idx.size:,} of {form.n:,} columns, "
                + ("reduced-cost fixing: the others cannot beat the rounded LP plan" if exact else
                   f"the {MIP_COLUMNS // max(len(cols.groups), 1)} of least reduced cost per model and phase"
-                  "; bound: the LP's"))
+                  + ("; bound: the Lagrangian's (integer covers per model and phase)" if mode == "cost" else
+                     "; bound: the LP's")))
         return nu, status, g, obj, bound, how
 
     cost_lp: SolveResult | None = None  # set when the cost LP is feasible but nothing rounds it (large models)
@@ -557,9 +593,16 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         # a bound from feasibility MILPs at α fixed, then the max-α MILP on the columns reduced-cost
         # fixing keeps against the better plan
         alpha_until = time.perf_counter() + remaining() * GOODPUT_ALPHA_SHARE  # the probes are part of α's share
+        t_lag = time.perf_counter()
+        lag_bound, tests = timed(lambda: lagrangian_alpha_bound(cols, g_form.model.col_upper[:g_form.n], g_lp,
+                                                                alpha_0, alpha_lp, tol=gap / 8,
+                                                                limit_s=remaining() * LAGRANGIAN_SHARE))
+        lag_s = time.perf_counter() - t_lag
+        notes.append(f"alpha bound {lag_bound:.6g} from integer covers per model and phase at the LP's availability "
+                     f"duals (LP {alpha_lp:.6g}; {tests} alpha tested, {lag_s:.1f} s)")
         nu0, probe_bound, probes = _alpha_bound_probes(inputs, cols, nu_prev, g_form, g_lp,
                                                        start_x[:g_form.n].astype(np.int64), alpha_lp, run, gap,
-                                                       remaining() * PROBE_SHARE)
+                                                       remaining() * PROBE_SHARE, hi0=lag_bound)
         notes.append(f"alpha bounds from feasibility MILPs at alpha fixed: {probes}")
         alpha_got = float(served(cols, nu0).min())
         if (probe_bound - alpha_got) / alpha_got <= gap:
@@ -570,8 +613,19 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
                 use_start=GOODPUT_ALPHA_START, alpha_cap=probe_bound)
             alpha_bound = min(alpha_bound, probe_bound)
             alpha_got = float(served(cols, g_nu).min())
-            g_status = Status.OPTIMAL if (alpha_bound - alpha_got) / alpha_got <= gap else g_status
             notes.append(f"alpha ILP on {how}")
+            if (alpha_bound - alpha_got) / alpha_got > gap and alpha_got > 0:
+                # the knapsacks' best multipliers (column generation) against the α that would
+                # close the gap: a proof there ends phase 1 within it
+                target = alpha_got * (1 + gap * (1 - 1e-6))
+                t_dw = time.perf_counter()
+                dw_bound, tests = timed(lambda: column_generation_alpha_bound(
+                    cols, g_form.model.col_upper[:g_form.n], g_lp, target, alpha_bound, tol=gap / 8,
+                    limit_s=remaining() * DW_SHARE))
+                notes.append(f"alpha bound {dw_bound:.6g} from column generation over the integer covers "
+                             f"(from {target:.6g}; {tests} alpha tested, {time.perf_counter() - t_dw:.1f} s)")
+                alpha_bound = min(alpha_bound, dw_bound)
+            g_status = Status.OPTIMAL if (alpha_bound - alpha_got) / alpha_got <= gap else g_status
     else:
         # Not started from the rounded plan: HiGHS's own heuristics, measured on the synthetic
         # scarce cases, find better plans from scratch; the rounded plan is kept as a fallback.
@@ -600,7 +654,11 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     # goodput mode, phase 2: minimize cost with α ≥ α* − slack, from the max-α plan
     c_alpha = max(alpha_star - ALPHA_SLACK, 0.0)
     c_form = formulate(inputs, cols, nu_prev, mode="cost", alpha=c_alpha)
-    c_lp = run(_relaxed(c_form)) if options.backend == "highs" and cols.num_cols >= REDUCE_COLUMNS else None
+    foreign = cost_lp is not None and cost_lp.reduced_costs is not None and cost_lp.x is not None
+    if foreign:
+        c_lp = cost_lp  # the cost LP at α = 1: it ranks the columns and prices the nodes (`polish`)
+    else:
+        c_lp = run(_relaxed(c_form)) if options.backend == "highs" and cols.num_cols >= REDUCE_COLUMNS else None
     if c_lp is not None and c_lp.status is Status.OPTIMAL and c_lp.reduced_costs is not None and c_lp.x is not None:
         # from the cheaper of the max-α plan and the rounded LP plan, on the columns that can beat it
         nu0 = g_nu
@@ -608,13 +666,23 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
                                      ub=c_form.model.col_upper[:c_form.n])
         if rounded is not None and float(c_form.model.c[:c_form.n] @ rounded) < float(c_form.model.c[:c_form.n] @ g_nu):
             nu0 = rounded
-        c_nu, status, c_gap, c_obj, _, how = polish("cost", c_alpha, c_form, c_lp, nu0, gap=gap)
+        c_nu, status, c_gap, c_obj, _, how = polish("cost", c_alpha, c_form, c_lp, nu0, gap=gap, foreign=foreign)
         notes.append(f"cost at alpha* on {how}; gap {c_gap:.2%}")
         if g_status is not Status.OPTIMAL and status is Status.OPTIMAL:
             status = g_status
         plan = build_plan(inputs, cols, c_nu, nu_prev, method=method, status=status, solve_s=solve_s,
                           gap=c_gap, objective=c_obj, goodput_mode=True, notes=tuple(notes))
         return plan, notes
+    # a bound besides the MIP's own: the Lagrangian one (integer covers per model and phase), from
+    # the LP (a few hundredths of a second at this size); the MIP's bound may end up the better one
+    lag = None
+    if options.backend == "highs":
+        c_lp = run(_relaxed(c_form))
+        if c_lp.status is Status.OPTIMAL:
+            got_lag = timed(lambda: lagrangian_cost_bound(cols, c_form.model.c[:c_form.n],
+                                                          c_form.model.col_upper[:c_form.n], c_alpha, c_lp,
+                                                          skip=nu_prev > 0, limit_s=remaining() * LAGRANGIAN_SHARE))
+            lag = got_lag[0] if got_lag is not None and math.isfinite(got_lag[0]) else None
     c_res = run(c_form, gap=gap, start_x=start_vector(c_form, g_nu, nu_prev))
     c_got = decode_counts(c_form, c_res)
     if c_got is None:
@@ -622,10 +690,17 @@ def solve_allocation(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
         return _with(fallback, status=c_res.status if c_res.status is not Status.INFEASIBLE else Status.ERROR,
                      notes=notes, solve_s=solve_s), notes
     status = c_res.status
+    cost_gap = _gap(c_res)
+    if lag is not None and (not math.isfinite(c_res.bound) or lag > c_res.bound):
+        cost_gap = max((c_res.objective - lag) / max(abs(c_res.objective), 1e-12), 0.0)
+        notes.append(f"cost at alpha*: bound {lag:.6g} from integer covers per model and phase (the MIP's "
+                     f"{c_res.bound:.6g}); gap {cost_gap:.2%}")
+        if cost_gap <= gap:
+            status = Status.OPTIMAL
     if g_status is not Status.OPTIMAL and status is Status.OPTIMAL:
         status = g_status  # alpha* itself was not proved optimal
     plan = build_plan(inputs, cols, c_got, nu_prev, method=method, status=status, solve_s=solve_s,
-                      gap=_gap(c_res), objective=c_res.objective, goodput_mode=True, notes=tuple(notes))
+                      gap=cost_gap, objective=c_res.objective, goodput_mode=True, notes=tuple(notes))
     return plan, notes
 
 

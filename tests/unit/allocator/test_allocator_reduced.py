@@ -84,3 +84,39 @@ def test_the_large_model_path_is_within_its_reported_gap_of_the_exact_optimum(se
             assert got.gap is not None
             assert got.status is not Status.OPTIMAL or got.gap <= 1e-4 + 1e-9
             assert (got.cost_usd_per_h - exact.cost_usd_per_h) / got.cost_usd_per_h <= got.gap + 1e-6
+
+
+# the draws of range(12) that take the large-model goodput path (no rounding of the cost LP meets
+# every demand, the cost LP does): the cost pass at α* prices the nodes with that LP (`foreign`)
+FOREIGN_SEEDS = (0, 2)
+
+
+@pytest.mark.parametrize("seed", FOREIGN_SEEDS)
+def test_the_large_model_goodput_cost_gap_is_honest(seed, monkeypatch):
+    scenario, library, demand = instance(seed, avail_hi=5)
+    monkeypatch.setattr(ilp_mod, "REDUCE_COLUMNS", 0)
+    monkeypatch.setattr(ilp_mod, "MIP_COLUMNS", 12)
+    alphas = []  # the α of every cost-mode model over all columns: the last one is the pass at α*
+    real = ilp_mod.formulate
+
+    def recording(inputs, cols, nu_prev, *, mode="cost", alpha=1.0):
+        if mode == "cost" and cols.num_cols == full_cols:
+            alphas.append(alpha)
+        return real(inputs, cols, nu_prev, mode=mode, alpha=alpha)
+
+    inputs = build_inputs(scenario, library, demand=demand)
+    full_cols = build_columns(inputs).num_cols
+    monkeypatch.setattr(ilp_mod, "formulate", recording)
+    got = allocate(scenario, library, demand=demand, options=SolveOptions(backend="highs", time_limit_s=30,
+                                                                         mip_gap=1e-4))
+    monkeypatch.setattr(ilp_mod, "formulate", real)
+    assert got.goodput_mode and any("no rounding of the cost LP" in n for n in got.notes)
+    assert verify_plan(got, scenario, library, demand=demand) == []
+    c_alpha = alphas[-1]
+    assert c_alpha < 1.0
+    cols = build_columns(inputs)
+    exact = solve(formulate(inputs, cols, np.zeros(cols.num_cols), mode="cost", alpha=c_alpha).model, EXACT)
+    assert exact.status is Status.OPTIMAL
+    assert got.objective >= exact.objective * (1 - 1e-9)  # a plan of that model
+    assert got.gap is not None
+    assert got.objective * (1 - got.gap) <= exact.objective * (1 + 1e-9) + 1e-9  # the bound is a bound
