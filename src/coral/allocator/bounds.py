@@ -373,9 +373,7 @@ def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
 
     Each row gets a column fixed at 0 with a 1 in that row: it changes nothing, and its reduced
     cost `0 − y_i` is the row's dual (the adapter reports reduced costs, not row duals)."""
-    import scipy.sparse as sp  # as `ilp.formulate` builds its rows (a lazy import: not at start-up)
-
-    from coral.solver import MilpModel, SolveOptions, Status, solve
+    from coral.solver import CsrMatrix, MilpModel, SolveOptions, Status, solve
 
     P, m = len(patterns), cap.shape[0]
     rows, cols_, vals = [], [], []
@@ -388,7 +386,7 @@ def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
     cols_ += [np.full(m, P), P + 1 + np.arange(G + m)]
     vals += [-cap, np.ones(G + m)]
     num = P + 1 + G + m
-    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols_))), shape=(G + m, num))
+    A = CsrMatrix.from_coo(np.concatenate(vals), np.concatenate(rows), np.concatenate(cols_), shape=(G + m, num))
     c = np.zeros(num)
     c[P] = 1.0
     upper = np.full(num, np.inf)
