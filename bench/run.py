@@ -347,14 +347,14 @@ def bench_planner(quick: bool) -> None:
     row("planner", "import coral.cli, python -X importtime (ms)", cum / 1e3)
     probe = ("import runpy, sys; sys.argv = ['coral', *sys.argv[1:]]\n"
              "try:\n    runpy.run_module('coral.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-             "print(','.join(m for m in ('torch', 'ray', 'matplotlib', 'numba', 'pandas') if m in sys.modules),"
+             "print(','.join(m for m in ('torch', 'ray', 'matplotlib', 'numba', 'pandas', 'scipy') if m in sys.modules),"
              " file=sys.stderr)")
     for cmd in (["plan", "--scenario", "core", "--json"], ["templates", "show", "--scenario", "core", "--json"]):
         got = subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True).stderr.strip()
         heavy = [m for m in got.splitlines()[-1].split(",") if m] if got else []
         row("planner", f"coral {cmd[0]} {cmd[1] if cmd[0] == 'templates' else ''}: torch/ray/matplotlib imported",
             ",".join(heavy) or "none", "none", not {"torch", "ray", "matplotlib"} & set(heavy),
-            "also checked: numba, pandas" + (f" ({','.join(heavy)})" if heavy else ""))
+            "also checked: numba, pandas, scipy" + (f" ({','.join(heavy)})" if heavy else ""))
 
     # goodput mode inside the epoch: 10 s limit, gap <= 0.5 % on α and on the cost at α
     opts = SolveOptions(backend="highs", time_limit_s=10.0, mip_gap=1e-4)

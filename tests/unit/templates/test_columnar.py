@@ -158,15 +158,17 @@ def test_library_of_tables_and_merge(built):
     assert isinstance(merged.stats[0], LibraryStats)
 
 
-def test_reading_the_library_imports_neither_pandas_nor_numba(core, built, tmp_path):
+def test_reading_the_library_and_planning_import_no_heavy_module(core, built, tmp_path):
     import subprocess
 
     cache, _ = built
     code = ("import sys; from coral.scenario import load_scenario; from coral.templates.library import build_library;"
+            "from coral.allocator import allocate;"
             "s = load_scenario('core', overrides={'planner': {'n_max': 2, 'batch_grid': [1, 8, 32]}});"
             f"lib = build_library(s, cache_dir=__import__('pathlib').Path({str(cache)!r}));"
             "t = lib.of('phi-4', __import__('coral.perf', fromlist=['Phase']).Phase.DECODE); t.arrays(); t[0];"
-            "print(sorted(m for m in ('pandas', 'numba', 'torch', 'ray', 'matplotlib') if m in sys.modules))")
+            "p = allocate(s, lib); assert p.instances, p;"
+            "print(sorted(m for m in ('pandas', 'numba', 'torch', 'ray', 'matplotlib', 'scipy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 
