@@ -82,7 +82,9 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
     assert [] == table_problems((out / "report.md").read_text())  # every row as wide as its header
     # the calibration ran on its own requests, before and after the trace, and fitted sane values
     cal = s["calibration"]
-    assert cal["requests"] == 2 * (6 + 10)  # 6 isolated + groups of 2 and 3 twice, before and after
+    # 6 isolated + groups of 2 and 3 twice + held-out traffic, before and after; fitted on that traffic
+    assert (6 * 2, 10 * 2) == (cal["isolated"], cal["in_groups"]) and cal["like_traffic"] >= 2 * 2
+    assert cal["requests"] == 2 * (6 + 10) + cal["like_traffic"] and cal["fitted_on"] == "like_traffic"
     assert 0.5 <= cal["prefill_scale"] <= 3.0 and 0.5 <= cal["decode_scale"] <= 3.0
     assert all(0 <= v < 100 for v in cal["frontend_work_ms"].values())
     assert math.isfinite(s["uncalibrated"]["ttft_mape"]) and s["repeatability"] is None

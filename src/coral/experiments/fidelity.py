@@ -135,14 +135,20 @@ def _work_s(perf: Any, spec: Any, cfg: Any, prompt: np.ndarray, output: np.ndarr
 
 CAL_LENGTHS = 3  # prompt lengths of the calibration requests (a quarter, half and all of max_prompt)
 CAL_ROUNDS = {False: 4, True: 2}  # rounds of isolated requests, and of groups of 2 and 3 (default, quick)
+CAL_LIKE_S = {False: 40.0, True: 20.0}  # seconds of held-out traffic at the trace's rate (default, quick)
+LIKE = 0  # the group code of the held-out, traffic-like calibration requests
 
 
-def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: FidelityOptions) -> tuple[Any, np.ndarray]:
-    """Requests for `_calibrate`, and the size of the group each one belongs to.
+def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: FidelityOptions,
+                       like: Any = None) -> tuple[Any, np.ndarray]:
+    """Requests for `_calibrate`, and the size of the group each one belongs to (`LIKE` for the
+    traffic-like part).
 
     First isolated requests (each sent after the previous one should have finished: twice its
     estimated time alone apart), prompts at a quarter, half and all of `max_prompt`; then groups
-    of 2 and of 3 requests sent 10 ms apart (full prompts), each group alone."""
+    of 2 and of 3 requests sent 10 ms apart (full prompts), each group alone; then `like`, a
+    window of the same dataset at the trace's rate that the trace does not contain (held out),
+    so the host is as busy as during the trace."""
     from coral.workload import Trace
 
     lengths = np.linspace(max(1, opts.max_prompt // 4), opts.max_prompt, CAL_LENGTHS).astype(np.int64)
@@ -161,9 +167,17 @@ def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: Fid
             prompt.append(opts.max_prompt)
             group.append(size)
         t += 2.0 * size * alone + 0.1
+    if like is not None and len(like):
+        t += 1.0
+        arrival += (t + like.arrival_s).tolist()
+        prompt += like.prompt_tokens.tolist()
+        group += [LIKE] * len(like)
+        t += float(like.window_s or like.arrival_s[-1]) + 2.0 * alone + 1.0
     arr = np.array(arrival, dtype=np.float64)
-    trace = Trace(name=name, arrival_s=arr, prompt_tokens=np.array(prompt, dtype=np.int64),
-                  output_tokens=np.full(arr.size, opts.max_output, dtype=np.int64), window_s=t)
+    out = np.full(arr.size, opts.max_output, dtype=np.int64)
+    if like is not None and len(like):
+        out[-len(like):] = like.output_tokens
+    trace = Trace(name=name, arrival_s=arr, prompt_tokens=np.array(prompt, dtype=np.int64), output_tokens=out, window_s=t)
     return trace, np.array(group)
 
 
@@ -187,7 +201,8 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
     from coral.perf import Phase
 
     ok = np.array([not r.error for r in recs])
-    iso, multi = ok & (group == 1), ok & (group > 1)
+    iso, multi, like = ok & (group == 1), ok & (group > 1), ok & (group == LIKE)
+    fit = like if like.sum() >= 2 else iso  # the host as busy as in the trace, else requests alone
     real_ttft = np.array([r.ttft_s for r in recs])
     real_tpot = np.array([r.tpot_s for r in recs])
 
@@ -200,21 +215,22 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
             return {"ttft_mape": float("nan"), "tpot_mape": float("nan")}
         return {"ttft_mape": float(_ape(st[sel], real_ttft[sel]).mean()), "tpot_mape": float(_ape(sp[sel], real_tpot[sel]).mean())}
 
-    out: dict[str, Any] = {"requests": int(ok.sum()), "isolated": int(iso.sum()), "in_groups": int(multi.sum())}
+    out: dict[str, Any] = {"requests": int(ok.sum()), "isolated": int(iso.sum()), "in_groups": int(multi.sum()),
+                           "like_traffic": int(like.sum()), "fitted_on": "like_traffic" if fit is like else "isolated"}
     st, sp = sim((0.0, 0.0))
-    out["before"] = {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}
+    out["before"] = {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi), "like_traffic": mape(st, sp, like)}
     st, sp = sim(frontend_work)
-    if iso.sum() >= 2:
+    if fit.sum() >= 2:
         for _ in range(4):
             fe = perf.frontend_s
-            ratio_p = (real_ttft[iso] - fe).sum() / max((st[iso] - fe).sum(), 1e-9)
-            ratio_d = real_tpot[iso].sum() / max(sp[iso].sum(), 1e-9)
+            ratio_p = (real_ttft[fit] - fe).sum() / max((st[fit] - fe).sum(), 1e-9)
+            ratio_d = real_tpot[fit].sum() / max(sp[fit].sum(), 1e-9)
             perf.scale[Phase.PREFILL] = float(np.clip(perf.scale[Phase.PREFILL] * ratio_p, 0.5, 3.0))
             perf.scale[Phase.DECODE] = float(np.clip(perf.scale[Phase.DECODE] * ratio_d, 0.5, 3.0))
             st, sp = sim(frontend_work)
     out.update({"prefill_scale": perf.scale[Phase.PREFILL], "decode_scale": perf.scale[Phase.DECODE],
                 "frontend_work_ms": {"per_request": frontend_work[0] * 1e3, "per_token": frontend_work[1] * 1e3},
-                "after": {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi)}})
+                "after": {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi), "like_traffic": mape(st, sp, like)}})
     if ok.sum() < len(recs):
         out["note"] = f"{len(recs) - int(ok.sum())} calibration requests failed and were left out"
     return out, st, sp
@@ -461,7 +477,13 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     cores = _cores()
     work = _work_s(engine, scenario.models[0].spec, cfg, prompt, output)
     rate = opts.load * cores / work
-    trace = cut(scale_to_rate(base, rate), 0.0, opts.duration_s)
+    scaled = scale_to_rate(base, rate)
+    trace = cut(scaled, 0.0, opts.duration_s)
+    # held out for the calibration: a later window of the same traffic, after the trace's (wrapping
+    # round to the start only if the dataset is too short, never overlapping the trace)
+    like_s = CAL_LIKE_S[opts.quick]
+    span = float(scaled.window_s or scaled.arrival_s[-1])
+    like = cut(scaled, opts.duration_s + 1.0, opts.duration_s + 1.0 + like_s) if span >= opts.duration_s + 1.0 + like_s else None
     if len(trace) < 5:
         raise CoralError(f"only {len(trace)} requests in {opts.duration_s:g} s at {rate:.2f} req/s; run longer")
     p_mean, d_mean = float(trace.prompt_tokens.mean()), float(trace.output_tokens.mean())
@@ -499,9 +521,9 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         warm_at = np.arange(2 * len(layout)) * 0.3
         replay(srv.url, name, warm_at, np.full(warm_at.size, opts.max_prompt), np.full(warm_at.size, opts.max_output),
                vocab_size=int(config["vocab_size"]), seed=opts.seed + 1)
-        cal, cal_group = _calibration_trace(engine, scenario.models[0].spec, cfg, name, opts)
+        cal, cal_group = _calibration_trace(engine, scenario.models[0].spec, cfg, name, opts, like=like)
         say(f"calibration: {int((cal_group == 1).sum())} isolated requests, then {int((cal_group > 1).sum())} in groups of 2 "
-            f"and 3 ({cal.window_s:.0f} s) ...")
+            f"and 3, then {int((cal_group == LIKE).sum())} of held-out traffic at the trace's rate ({cal.window_s:.0f} s) ...")
         # The front end's CPU (the serve process: HTTP + coordinator; this process: the client),
         # measured over the calibration requests, per generated token.
         assert srv.proc is not None
@@ -607,7 +629,9 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         f"front end (measured) {load[1] * 1e3:.2f} ms CPU per token. MAPE TTFT / TPOT: isolated "
         f"{b['isolated']['ttft_mape']:.1%} / {b['isolated']['tpot_mape']:.1%} -> {a['isolated']['ttft_mape']:.1%} / "
         f"{a['isolated']['tpot_mape']:.1%}, groups {b['groups']['ttft_mape']:.1%} / {b['groups']['tpot_mape']:.1%} -> "
-        f"{a['groups']['ttft_mape']:.1%} / {a['groups']['tpot_mape']:.1%}")
+        f"{a['groups']['ttft_mape']:.1%} / {a['groups']['tpot_mape']:.1%}, held-out traffic "
+        f"{b['like_traffic']['ttft_mape']:.1%} / {b['like_traffic']['tpot_mape']:.1%} -> "
+        f"{a['like_traffic']['ttft_mape']:.1%} / {a['like_traffic']['tpot_mape']:.1%} (fitted on {calibration['fitted_on']})")
     sims = {}
     sim_steps: list[tuple[Any, ...]] = []
     for label, sc, hosts, like_runtime in (("engine", sc_engine, shared, True), ("table", scenario, shared, True),
@@ -765,12 +789,16 @@ def _report(s: dict[str, Any]) -> str:
         row("TTFT", t),
         row("TPOT", p),
         "",
-        f"Calibration ({s['calibration']['isolated']} isolated requests and {s['calibration']['in_groups']} in groups of "
-        f"2 and 3, through the same cluster before and after the trace, not part of it): node time "
+        f"Calibration ({s['calibration']['isolated']} isolated requests, {s['calibration']['in_groups']} in groups of "
+        f"2 and 3 and {s['calibration'].get('like_traffic', 0)} of held-out traffic at the trace's rate, through the same "
+        f"cluster before and after the trace, not part of it): node time "
         f"x{s['calibration']['prefill_scale']:.3f} in prefill, x{s['calibration']['decode_scale']:.3f} in decode, fitted "
-        f"on the isolated ones; the front end's CPU, measured, {s['calibration']['frontend_work_ms']['per_token']:.2f} ms "
+        f"on the {'held-out traffic' if s['calibration'].get('fitted_on') == 'like_traffic' else 'isolated ones'}; the "
+        f"front end's CPU, measured, {s['calibration']['frontend_work_ms']['per_token']:.2f} ms "
         f"per generated token. On the groups: TTFT MAPE {_fmt(s['calibration']['after']['groups']['ttft_mape'])}, TPOT MAPE "
-        f"{_fmt(s['calibration']['after']['groups']['tpot_mape'])}. Without calibration and front end: TTFT MAPE "
+        f"{_fmt(s['calibration']['after']['groups']['tpot_mape'])}; on the isolated ones: TTFT MAPE "
+        f"{_fmt(s['calibration']['after']['isolated']['ttft_mape'])}, TPOT MAPE "
+        f"{_fmt(s['calibration']['after']['isolated']['tpot_mape'])}. Without calibration and front end: TTFT MAPE "
         f"{_fmt(s['uncalibrated']['ttft_mape'])}, TPOT MAPE {_fmt(s['uncalibrated']['tpot_mape'])}.",
         "",
         *([f"Run-to-run (the trace replayed twice on the runtime, second run against the first, per request): TTFT "
