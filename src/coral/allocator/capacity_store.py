@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from coral.allocator.capacity import CapacityTarget
+from coral.cache import default_cache_dir, source_version, switched_on
 
 FORMAT = 1
 _FIELDS = ("capacity_tok_per_s", "mean_tok_per_s", "predicted_attainment", "quantile_latency_s")
@@ -30,13 +30,11 @@ _FIELDS = ("capacity_tok_per_s", "mean_tok_per_s", "predicted_attainment", "quan
 
 def enabled() -> bool:
     """False when `CORAL_CAPACITY_CACHE` is `0`, `false` or `no`."""
-    return os.environ.get("CORAL_CAPACITY_CACHE", "1").strip().lower() not in ("0", "false", "no")
+    return switched_on("CORAL_CAPACITY_CACHE")
 
 
 def store_dir() -> Path:
     """`capacity/` under the template cache folder."""
-    from coral.cache import default_cache_dir
-
     return default_cache_dir() / "capacity"
 
 
@@ -45,8 +43,7 @@ def _code_version() -> str:
     """The capacity model's source and numpy's version: a change to either changes every key."""
     from coral.allocator import capacity
 
-    src = Path(capacity.__file__).read_bytes()
-    return hashlib.sha256(src + np.__version__.encode()).hexdigest()[:16]
+    return source_version(capacity.__file__, extra=np.__version__)
 
 
 def replay_key(arrays: tuple[np.ndarray, ...], params: Mapping[str, Any]) -> str:

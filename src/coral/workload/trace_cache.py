@@ -13,14 +13,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from coral.cache import default_cache_dir
+from coral.cache import default_cache_dir, source_version, switched_on
 from coral.workload.trace import Trace
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ _memo: dict[str, LoadedTrace] = {}
 
 def enabled() -> bool:
     """False when `CORAL_TRACE_CACHE` is `0`, `false` or `no`."""
-    return os.environ.get("CORAL_TRACE_CACHE", "1").strip().lower() not in ("0", "false", "no")
+    return switched_on("CORAL_TRACE_CACHE")
 
 
 def store_dir() -> Path:
@@ -46,8 +45,7 @@ def _code_version() -> str:
     """The loaders' and the trace's source: a change to either changes every key."""
     from coral.workload import loaders, trace
 
-    src = Path(loaders.__file__).read_bytes() + Path(trace.__file__).read_bytes()
-    return hashlib.sha256(src + np.__version__.encode()).hexdigest()[:16]
+    return source_version(loaders.__file__, trace.__file__, extra=np.__version__)
 
 
 def key_of(raw: bytes, args: object) -> str:
