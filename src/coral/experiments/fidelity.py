@@ -8,7 +8,9 @@ offsets, prompt and output lengths; greedy decoding with no EOS forces the outpu
 The simulator runs with the runtime's batching (one micro-batch group per stage, waiting
 requests spread over the groups) and a host model (all engine nodes share this machine's cores,
 with the front end's CPU measured per token). Calibration requests through the same cluster,
-before and after the trace, fit one node-time multiplier per phase; the simulator routes them
+before and after the trace (isolated ones, small groups, and a held-out window of the same
+dataset at the trace's rate, never part of the trace), fit one node-time multiplier per phase on
+the held-out traffic; the simulator routes them
 (and the warm-up) first, so its routers stand where the runtime's do when the trace starts.
 `--repeat` replays the trace twice to score the runtime against itself.
 Outputs in `--out`: summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv,
