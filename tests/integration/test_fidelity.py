@@ -82,9 +82,10 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
     assert [] == table_problems((out / "report.md").read_text())  # every row as wide as its header
     # the calibration ran on its own requests, before and after the trace, and fitted sane values
     cal = s["calibration"]
-    # 6 isolated + groups of 2 and 3 twice + held-out traffic, before and after; fitted on that traffic
+    # 6 isolated + groups of 2 and 3 twice + held-out traffic, before and after; fitted on the isolated ones
     assert (6 * 2, 10 * 2) == (cal["isolated"], cal["in_groups"]) and cal["like_traffic"] >= 2 * 2
-    assert cal["requests"] == 2 * (6 + 10) + cal["like_traffic"] and cal["fitted_on"] == "like_traffic"
+    assert cal["requests"] == 2 * (6 + 10) + cal["like_traffic"] and cal["fitted_on"] == "isolated"
+    assert math.isfinite(cal["after"]["like_traffic"]["tpot_mape"])  # the held-out traffic is reported
     assert 0.5 <= cal["prefill_scale"] <= 3.0 and 0.5 <= cal["decode_scale"] <= 3.0
     assert all(0 <= v < 100 for v in cal["frontend_work_ms"].values())
     assert math.isfinite(s["uncalibrated"]["ttft_mape"]) and s["repeatability"] is None
