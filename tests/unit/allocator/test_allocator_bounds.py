@@ -151,16 +151,22 @@ def test_duals_recovered_from_reduced_costs_price_the_lp():
     assert total == pytest.approx(float(lp.objective), rel=1e-7)
 
 
-def test_alpha_bound_beats_the_lp_by_hand():
-    # config A, 3 nodes: prefill on two A nodes at Θ 100 (demand 100), decode on one at Θ 100
-    # (demand 200). The LP serves α with 2α + 2α ≤ 3 nodes: 0.75. Whole instances: one prefill and
-    # one decode instance, α = 0.5; above 0.5 decode needs two, 4 nodes > 3, so the bound is 0.5.
+def _hand_case():  # type: ignore[no-untyped-def]
+    """Config A, 3 nodes: prefill on two A nodes at Θ 100 (demand 100), decode on one at Θ 100
+    (demand 200). Returns (columns, the goodput formulation, its LP relaxation's solve)."""
     scenario = make_scenario(["m1"], {("r1", "A"): 1.0}, {("r1", "A"): 3})
     library = make_library([make_template("m1", P, ("A", "A"), 100.0), make_template("m1", D, ("A",), 100.0)])
     inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 100.0, ("m1", D): 200.0}, ["m1"]))
     cols = build_columns(inputs)
     g_form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
-    lp = solve(_relaxed(g_form).model)
+    return cols, g_form, solve(_relaxed(g_form).model)
+
+
+def test_alpha_bound_beats_the_lp_by_hand():
+    # config A, 3 nodes: prefill on two A nodes at Θ 100 (demand 100), decode on one at Θ 100
+    # (demand 200). The LP serves α with 2α + 2α ≤ 3 nodes: 0.75. Whole instances: one prefill and
+    # one decode instance, α = 0.5; above 0.5 decode needs two, 4 nodes > 3, so the bound is 0.5.
+    cols, g_form, lp = _hand_case()
     assert lp.objective == pytest.approx(0.75)
     bound, tests = lagrangian_alpha_bound(cols, g_form.model.col_upper[:g_form.n], lp, 0.25, 0.75, tol=1e-6,
                                           limit_s=30.0)
@@ -207,12 +213,7 @@ def test_column_generation_never_rules_out_a_served_alpha(seed):
 
 def test_column_generation_rules_out_the_hand_case_above_its_optimum():
     # the hand case of test_alpha_bound_beats_the_lp_by_hand: α* = 0.5, LP 0.75
-    scenario = make_scenario(["m1"], {("r1", "A"): 1.0}, {("r1", "A"): 3})
-    library = make_library([make_template("m1", P, ("A", "A"), 100.0), make_template("m1", D, ("A",), 100.0)])
-    inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 100.0, ("m1", D): 200.0}, ["m1"]))
-    cols = build_columns(inputs)
-    g_form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
-    lp = solve(_relaxed(g_form).model)
+    cols, g_form, lp = _hand_case()
     ub = g_form.model.col_upper[:g_form.n]
     assert alpha_out_of_reach(cols, ub, lp, 0.51, limit_s=30.0) is True
     assert alpha_out_of_reach(cols, ub, lp, 0.5, limit_s=30.0) is False  # converged: within reach
