@@ -207,7 +207,6 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
     # Fitted on the isolated requests. Fitting on the held-out traffic instead (the host as busy as
     # in the trace) measured no better over three quiet runs each (docs/fidelity.md); that traffic
     # is replayed and reported as a check next to the groups.
-    fit = iso
     real_ttft = np.array([r.ttft_s for r in recs])
     real_tpot = np.array([r.tpot_s for r in recs])
 
@@ -221,15 +220,15 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
         return {"ttft_mape": float(_ape(st[sel], real_ttft[sel]).mean()), "tpot_mape": float(_ape(sp[sel], real_tpot[sel]).mean())}
 
     out: dict[str, Any] = {"requests": int(ok.sum()), "isolated": int(iso.sum()), "in_groups": int(multi.sum()),
-                           "like_traffic": int(like.sum()), "fitted_on": "like_traffic" if fit is like else "isolated"}
+                           "like_traffic": int(like.sum()), "fitted_on": "isolated"}
     st, sp = sim((0.0, 0.0))
     out["before"] = {"isolated": mape(st, sp, iso), "groups": mape(st, sp, multi), "like_traffic": mape(st, sp, like)}
     st, sp = sim(frontend_work)
-    if fit.sum() >= 2:
+    if iso.sum() >= 2:
         for _ in range(4):
             fe = perf.frontend_s
-            ratio_p = (real_ttft[fit] - fe).sum() / max((st[fit] - fe).sum(), 1e-9)
-            ratio_d = real_tpot[fit].sum() / max(sp[fit].sum(), 1e-9)
+            ratio_p = (real_ttft[iso] - fe).sum() / max((st[iso] - fe).sum(), 1e-9)
+            ratio_d = real_tpot[iso].sum() / max(sp[iso].sum(), 1e-9)
             perf.scale[Phase.PREFILL] = float(np.clip(perf.scale[Phase.PREFILL] * ratio_p, 0.5, 3.0))
             perf.scale[Phase.DECODE] = float(np.clip(perf.scale[Phase.DECODE] * ratio_d, 0.5, 3.0))
             st, sp = sim(frontend_work)
@@ -798,7 +797,7 @@ def _report(s: dict[str, Any]) -> str:
         f"2 and 3 and {s['calibration'].get('like_traffic', 0)} of held-out traffic at the trace's rate, through the same "
         f"cluster before and after the trace, not part of it): node time "
         f"x{s['calibration']['prefill_scale']:.3f} in prefill, x{s['calibration']['decode_scale']:.3f} in decode, fitted "
-        f"on the {'held-out traffic' if s['calibration'].get('fitted_on') == 'like_traffic' else 'isolated ones'}; the "
+        f"on the isolated ones; the "
         f"front end's CPU, measured, {s['calibration']['frontend_work_ms']['per_token']:.2f} ms "
         f"per generated token. On the groups: TTFT MAPE {_fmt(s['calibration']['after']['groups']['ttft_mape'])}, TPOT MAPE "
         f"{_fmt(s['calibration']['after']['groups']['tpot_mape'])}; on the isolated ones: TTFT MAPE "
