@@ -15,7 +15,7 @@ from coral.runtime.model import (
     make_config,
     seeded_state_dict,
 )
-from coral.runtime.protocol import SamplingParams, Submit
+from coral.runtime.protocol import SamplingParams, Submit, TokenOut, TokenOuts
 from coral.runtime.sampling import sample_batch
 from coral.runtime.transport import InprocHub, InprocTransport
 
@@ -139,6 +139,34 @@ def test_full_pool_queues_and_preempts_by_recompute(threads: list) -> None:
         assert [] == [m.error for m in got[f"r{i}"] if m.error]
         assert expected == [t for m in got[f"r{i}"] for t in m.tokens]
     assert inst.scheduler.preempted > 0
+
+
+def test_a_steps_tokens_reach_the_coordinator_in_one_message(threads: list) -> None:
+    """A batched decode step advances every request in it; their tokens travel as one TokenOuts, one each."""
+    cfg = BUILTIN_CONFIGS["tiny-llama"]
+    hub = InprocHub()
+    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 6, 1)])
+    client = InprocTransport(hub, "client")
+    raw: list[TokenOut | TokenOuts] = []
+    try:
+        assert wait_until(lambda: inst.scheduler.ready, 10)
+        _submit_all(client, "M", PROMPTS, 6)
+        finished = 0
+        while finished < len(PROMPTS) and (m := client.recv(30)) is not None:
+            raw.append(m)
+            finished += sum(o.finished for o in (m.outs if isinstance(m, TokenOuts) else (m,)))
+    finally:
+        inst.stop()
+    batches = [m for m in raw if isinstance(m, TokenOuts)]
+    assert batches, "no step sent its tokens together"
+    assert max(len(b.outs) for b in batches) == len(PROMPTS)  # the full batch's step: one message of 5
+    for b in batches:
+        assert len({o.request_id for o in b.outs}) == len(b.outs)  # one token per request per step
+    got: dict[str, list[int]] = {}
+    for m in raw:
+        for o in m.outs if isinstance(m, TokenOuts) else (m,):
+            got.setdefault(o.request_id, []).extend(o.tokens)
+    assert {f"r{i}": t for i, t in enumerate(reference(cfg, 3, PROMPTS, 6))} == got
 
 
 def test_request_larger_than_a_node_pool_is_refused(threads: list) -> None:

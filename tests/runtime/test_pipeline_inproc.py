@@ -14,7 +14,7 @@ from coral.runtime.model import (
     make_config,
     seeded_state_dict,
 )
-from coral.runtime.protocol import Submit, TokenOut
+from coral.runtime.protocol import Submit, TokenOut, TokenOuts
 from coral.runtime.transport import InprocHub, InprocTransport
 
 from .conftest import wait_until
@@ -44,8 +44,9 @@ def collect(client: InprocTransport, n: int, timeout_s: float = 30) -> dict[str,
         m = client.recv(0.5)
         if m is None:
             continue
-        got.setdefault(m.request_id, []).append(m)
-        done += m.finished
+        for out in m.outs if isinstance(m, TokenOuts) else (m,):  # a step's tokens come in one message
+            got.setdefault(out.request_id, []).append(out)
+            done += out.finished
     assert n == done, f"only {done} of {n} requests finished"
     return got
 

@@ -6,7 +6,8 @@ requests there. For a request of model ``m`` the router picks a prefill-capable 
 of ``m`` by weighted round-robin in proportion to its throughput and, if it is a
 prefill-only instance, a decode instance (same region first, same WRR); the schedulers
 then move the KV cache between their nodes themselves. Tokens come back as
-:class:`TokenOut` messages and are put on the request's queue, read by the HTTP thread.
+:class:`TokenOut` messages (a forward step's in one :class:`TokenOuts`) and are put on the request's queue,
+read by the HTTP thread.
 
 Routing decisions are the shared pure policies of :mod:`coral.policy` (smooth WRR,
 ``choose_decode``, the instance :class:`~coral.policy.Lifecycle`), the same the simulator
@@ -53,6 +54,7 @@ from coral.runtime.protocol import (
     Shutdown,
     Submit,
     TokenOut,
+    TokenOuts,
 )
 from coral.runtime.transport import Transport
 
@@ -312,6 +314,9 @@ class Coordinator:
         """Handle one message from a scheduler."""
         if isinstance(msg, TokenOut):
             self._on_token(msg)
+        elif isinstance(msg, TokenOuts):
+            for out in msg.outs:
+                self._on_token(out)
         elif isinstance(msg, Heartbeat):
             self._on_heartbeat(msg)
         elif isinstance(msg, InstanceHello):

@@ -50,6 +50,7 @@ __all__ = [
     "TokenItem",
     "TokenLogprob",
     "TokenOut",
+    "TokenOuts",
     "TopLogprob",
     "decode",
     "encode",
@@ -401,6 +402,13 @@ class Drain(_Msg, frozen=True):
     reason: str = ""
 
 
+class TokenOuts(_Msg, frozen=True):
+    """Scheduler -> coordinator: the :class:`TokenOut` of every request one forward step advanced, in one
+    message (a batch-16 decode step is one message, not 16); handled as those messages in order."""
+
+    outs: tuple[TokenOut, ...]
+
+
 class Cancel(_Msg, frozen=True):
     """Coordinator -> scheduler: drop these requests (retried elsewhere, or the client left); no reply."""
 
@@ -424,6 +432,7 @@ Message = Union[  # noqa: UP007 - a runtime value (the decoder's type), not only
     Submit,
     DecodeAdmit,
     TokenOut,
+    TokenOuts,
     InstanceHello,
     Heartbeat,
     Drain,

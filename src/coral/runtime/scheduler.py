@@ -69,6 +69,7 @@ from coral.runtime.protocol import (
     TokenItem,
     TokenLogprob,
     TokenOut,
+    TokenOuts,
 )
 from coral.runtime.transport import Transport
 
@@ -164,6 +165,7 @@ class Scheduler:
         self.waiting: deque[str] = deque()
         self.members: list[list[str]] = [[] for _ in range(self.groups)]
         self.in_flight: dict[int, tuple[int, set[str]]] = {}  # batch id -> (group, outstanding ids)
+        self._outbox: dict[str, list[TokenOut]] = {}  # reply address -> this step's tokens, not sent yet
         self.busy = [False] * self.groups
         self._batch_ids = itertools.count(1)
         self.ready = False
@@ -584,6 +586,19 @@ class Scheduler:
             log.warning("scheduler %s: result for unknown batch %d", self.instance_id, msg.batch_id)
             return
         g, outstanding = entry
+        try:
+            self._advance_all(msg, outstanding)
+        finally:
+            self._flush_tokens()
+        if not outstanding:
+            del self.in_flight[msg.batch_id]
+            self.busy[g] = False
+            meta = self._step_meta.pop(msg.batch_id, None)
+            if meta is not None and self.step_trace is not None:
+                self.step_trace((self.instance_id, self.phase, g, msg.batch_id, *meta, time.monotonic()))
+
+    def _advance_all(self, msg: ForwardResult, outstanding: set[str]) -> None:
+        """Advance each request of a result; their tokens collect in the outbox."""
         for it in msg.items:
             if it.request_id not in outstanding:
                 continue
@@ -599,12 +614,6 @@ class Scheduler:
                 self._fail(r, msg.error or "engine error")
                 continue
             self._advance(r, it)
-        if not outstanding:
-            del self.in_flight[msg.batch_id]
-            self.busy[g] = False
-            meta = self._step_meta.pop(msg.batch_id, None)
-            if meta is not None and self.step_trace is not None:
-                self.step_trace((self.instance_id, self.phase, g, msg.batch_id, *meta, time.monotonic()))
 
     def _advance(self, r: _Req, it: TokenItem) -> None:
         sub = r.submit
@@ -621,7 +630,7 @@ class Scheduler:
         queue_s = 0.0
         if len(r.generated) == 1 and r.queue_s >= 0:
             queue_s = r.queue_s
-        self.t.send(sub.reply_to, TokenOut(
+        self._outbox.setdefault(sub.reply_to, []).append(TokenOut(
             request_id=sub.request_id, tokens=(token,), finished=bool(reason), finish_reason=reason,
             logprobs=(TokenLogprob(logprob=it.logprob, top=it.top_logprobs),) if want_lp else (), queue_s=queue_s,
         ))  # fmt: skip
@@ -631,7 +640,16 @@ class Scheduler:
         elif sub.decode_to and len(r.generated) == 1 and self.phase == "prefill":
             self._hand_off(r)
 
+    def _flush_tokens(self) -> None:
+        """Send the tokens :meth:`_advance` collected: one message per coordinator per step."""
+        if not self._outbox:
+            return
+        box, self._outbox = self._outbox, {}
+        for addr, outs in box.items():
+            self.t.send(addr, outs[0] if len(outs) == 1 else TokenOuts(outs=tuple(outs)))
+
     def _hand_off(self, r: _Req) -> None:
+        self._flush_tokens()  # the first token reaches the coordinator before the decode instance's
         sources = tuple(KvSource(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
         self._remove(r)
         self._unledger(r)
