@@ -329,3 +329,57 @@ def test_non_streaming_client_disconnect_cancels_too(api: Api) -> None:
     assert wait_until(lambda: len(sched.reqs) == 1, 5)
     s.close()
     assert wait_until(lambda: len(sched.reqs) == 0, 5)
+
+
+def test_tokens_from_the_coordinator_thread_wake_the_loop_once_per_burst() -> None:
+    """A batched step's tokens, put from another thread before the loop runs again, arrive in order on one wake-up."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from coral.runtime.serving.app import _LoopInbox
+
+    async def run() -> tuple[list[int], int]:
+        loop = asyncio.get_running_loop()
+        wakeups = 0
+
+        def counting(*args: object) -> object:
+            nonlocal wakeups
+            wakeups += 1
+            return loop.call_soon_threadsafe(*args)  # type: ignore[arg-type]
+
+        box = _LoopInbox(loop)
+        box._loop = SimpleNamespace(call_soon_threadsafe=counting)  # type: ignore[assignment]
+        got: list[int] = []
+        done = asyncio.Event()
+
+        def take(x: int) -> None:
+            got.append(x)
+            if len(got) == 100:
+                done.set()
+
+        t = threading.Thread(target=lambda: [box.put(take, i) for i in range(100)])
+        t.start()
+        t.join()  # the loop has not run since: all 100 ride on the first wake-up
+        await asyncio.wait_for(done.wait(), 5)
+        box.put(take, 100)  # after a drain, the next token schedules a new one
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return got, wakeups
+
+    got, wakeups = asyncio.run(run())
+    assert list(range(101)) == got
+    assert 2 == wakeups
+
+
+def test_a_token_for_a_stopped_loop_is_dropped() -> None:
+    import asyncio
+
+    from coral.runtime.serving.app import _LoopInbox
+
+    loop = asyncio.new_event_loop()
+    loop.close()
+    box = _LoopInbox(loop)
+    box.put(print, "never")  # no exception on the coordinator's thread
+    box.put(print, "never either")
+    assert [] == box._items

@@ -28,6 +28,7 @@ import logging
 import socket
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -265,6 +266,45 @@ class _Choice:
         return piece
 
 
+class _LoopInbox:
+    """Calls from the coordinator's thread onto the server's event loop, coalesced: whatever
+    arrives while a drain is pending rides on it, so a batched step's tokens wake the loop once
+    (one ``call_soon_threadsafe``, one self-pipe write) instead of once per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[Callable[[Any], None], Any]] = []
+
+    def put(self, fn: Callable[[Any], None], arg: Any) -> None:
+        with self._lock:
+            self._items.append((fn, arg))
+            if len(self._items) > 1:
+                return  # a drain is already scheduled and will take this one too
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the server's loop has stopped: nobody reads these requests any more
+            with self._lock:
+                self._items.clear()
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._items = self._items, []
+        for fn, arg in items:
+            fn(arg)
+
+
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox] = weakref.WeakKeyDictionary()
+
+
+def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+    """The loop's inbox (made on the loop's own thread, the first time a request runs on it)."""
+    box = _INBOXES.get(loop)
+    if box is None:
+        box = _INBOXES[loop] = _LoopInbox(loop)
+    return box
+
+
 class _Run:
     """The sub-requests of one HTTP request and the queue their tokens arrive on."""
 
@@ -281,13 +321,10 @@ class _Run:
 
     def _sink(self, k: int) -> Callable[[TokenOut], None]:
         put = self.queue.put_nowait
-        loop = self.loop
+        box = _inbox(self.loop)
 
         def sink(msg: TokenOut) -> None:
-            try:
-                loop.call_soon_threadsafe(put, (k, msg))
-            except RuntimeError:  # the server's loop has stopped: nobody reads this request any more
-                pass
+            box.put(put, (k, msg))
 
         return sink
 
