@@ -363,6 +363,24 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
+def _gauges(url: str) -> dict[str, float]:
+    """The server's gauges from its Prometheus `/metrics` (summed over models), as a user scrapes them."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"):
+            v = float(line.rsplit(" ", 1)[1])
+            out[name] = max(out.get(name, 0.0), v) if name.endswith("perc") else out.get(name, 0.0) + v
+    return out
+
+
 def bench_overload(quick: bool) -> list[dict[str, Any]]:
     """Poisson load at 2x the served rate into a small KV pool: it queues, nothing fails for memory, RSS stays flat."""
     import random
@@ -410,12 +428,14 @@ def bench_overload(quick: bool) -> list[dict[str, Any]]:
         rng = random.Random(0)
         t0 = time.monotonic()
         samples: list[tuple[float, dict[str, int]]] = []
+        gauges: list[tuple[float, dict[str, float]]] = []  # what /metrics says while it runs
         threads_: list[threading.Thread] = []
         nxt, i, last_sample = t0, 0, 0.0
         while time.monotonic() - t0 < duration_s:
             now = time.monotonic()
             if now - last_sample >= 5.0:
                 samples.append((now - t0, {n: _rss_bytes(p) for n, p in pids.items()}))
+                gauges.append((now - t0, _gauges(dep.url)))
                 last_sample = now
             if now < nxt:
                 time.sleep(min(nxt - now, 0.05))
@@ -439,9 +459,16 @@ def bench_overload(quick: bool) -> list[dict[str, Any]]:
         import collections
 
         print("overload: failures by reason:", dict(collections.Counter(failed).most_common(5)), flush=True)
+    late = [g for t, g in gauges if t >= 0.2 * duration_s]
+    waiting = statistics.median(g.get("vllm:num_requests_waiting", 0.0) for g in late) if late else float("nan")
+    kv_peak = max((g.get("vllm:kv_cache_usage_perc", 0.0) for _, g in gauges), default=float("nan"))
     return [
         {"bench": "overload: served rate (tiny-llama, 2 stages, 2048-token KV)", "value": served_tok_s / tokens, "unit": "req/s", "goal": ""},
         {"bench": f"overload: offered 2x for {duration_s:.0f} s, requests sent", "value": float(len(outcomes)), "unit": "req", "goal": ""},
+        {"bench": "overload: requests sent per s / served rate", "value": len(outcomes) / duration_s / (served_tok_s / tokens), "unit": "x",
+         "goal": ""},
+        {"bench": "overload: vllm:num_requests_waiting, median after warm-up", "value": waiting, "unit": "req", "goal": "> 0"},
+        {"bench": "overload: vllm:kv_cache_usage_perc, highest scraped", "value": kv_peak, "unit": "", "goal": "<= 1"},
         {"bench": "overload: requests failed (any reason)", "value": float(len(failed)), "unit": "req", "goal": "<= 0"},
         {"bench": "overload: requests failed for lack of memory", "value": float(len(memory)), "unit": "req", "goal": "<= 0"},
         {"bench": "overload: worst process RSS growth after warm-up", "value": 100 * growth, "unit": "%", "goal": "<= 10"},
