@@ -320,7 +320,7 @@ def _resident_replan(s: Any, epochs: int) -> None:
     row("planner", "live re-plan, extended: end to end / solve", ratio, "<= 1.5", ratio <= 1.5,
         f"resident (`coral serve --plan`), median of {epochs - 1} epochs after the first: wall "
         f"{st.median(walls[1:]):.2f} s, solve {st.median(solves[1:]):.2f} s; first epoch {walls[0]:.2f} s "
-        f"(builds the column arrays); {sum(1 for _ in running)} instances")
+        f"(builds the column arrays); {len(running)} instances")
 
 
 def bench_planner(quick: bool) -> None:
