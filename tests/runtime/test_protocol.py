@@ -20,6 +20,7 @@ from coral.runtime.protocol import (
     Submit,
     TensorBlob,
     TokenOut,
+    TokenOuts,
     decode,
     encode,
 )
@@ -48,6 +49,7 @@ def test_nested_messages_round_trip() -> None:
         DecodeAdmit(submit=_submit(decode_to="d"), generated=(5,), sources=(KvSource(address="p", layer_start=0, layer_end=2),)),
         KvPush(request_id="a", layer_start=2, seq_len=3, keys=(blob,), values=(blob,), notify="n"),
         TokenOut(request_id="a", tokens=(1,), finished=True, finish_reason="stop"),
+        TokenOuts(outs=(TokenOut(request_id="a", tokens=(1,), finished=False), TokenOut(request_id="b", tokens=(2,), finished=True))),
     ):
         assert msg == decode(encode(msg))
 
@@ -75,6 +77,8 @@ def _kv_push_with(key: object) -> bytes:
         (msgpack.packb({"@": "Release", "request_ids": "a"}), "Expected `array`, got `str`"),
         (msgpack.packb({"@": "TokenOut", "request_id": "a", "tokens": [True], "finished": True}), "Expected `int`, got `bool`"),
         (msgpack.packb({"@": "Release"}), "missing required field `request_ids`"),
+        (msgpack.packb({"@": "TokenOuts", "outs": [{"request_id": "a", "tokens": [1]}]}), "missing required field `finished`"),
+        (msgpack.packb({"@": "TokenOuts", "outs": "a"}), "Expected `array`, got `str`"),
         (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["float32", [4], b"\0" * 3]))), "needs 16 bytes"),
         (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["object", [0], b""]))), "unsupported tensor dtype"),
         (_kv_push_with(msgpack.ExtType(1, msgpack.packb(["float32", [256], 1]))), "tensor frame 1 missing"),
