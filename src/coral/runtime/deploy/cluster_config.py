@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from coral.catalog.models import ModelSpec, from_hf_config
 from coral.errors import CoralError
 from coral.perf.model import Phase
-from coral.runtime.model import model_config_dict
+from coral.runtime.engine.model import model_config_dict
 
 __all__ = [
     "MIXED",
