@@ -40,7 +40,7 @@ from coral.cli_support import check_output_path, err_console, progress_display
               help="Re-planning period (default: the scenario's, 360 s).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Copy of shared/data holding the traces (default: $CORAL_DATA_DIR or ../shared/data).")
+              help="Folder holding traces/ for the built-in datasets (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
 @jobs_opt
 @cache_opt
 @nmax_opt

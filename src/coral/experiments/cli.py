@@ -160,7 +160,7 @@ def _command_for(name: str, doc: str) -> click.Command:
     @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
                   help="Template cache folder (default $CORAL_CACHE_DIR or ~/.cache/coral/templates).")
     @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-                  help="Copy of shared/data holding the traces (default $CORAL_DATA_DIR or ../shared/data).")
+                  help="Folder holding traces/ for the built-in datasets (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
     @click.option("--arrival", type=click.Choice(["trace", "poisson"]), default=None,
                   help="Override every model's arrival process (default: the scenario's, trace replay); "
                        "poisson keeps the traces' request lengths.")
