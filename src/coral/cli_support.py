@@ -76,6 +76,23 @@ class CoralGroup(click.Group):
             sys.exit(EXIT_USAGE)
 
 
+def pick_scenario(positional: str | None, flag: str | None, *, what: str = "SCENARIO", flag_name: str = "--scenario",
+                  default: str | None = None) -> str:
+    """The scenario named by the positional argument or its `--scenario` alias (one of them, or both
+    alike), else `default`.
+
+    Raises:
+        CoralError: neither given and no default, or two different ones (exit code 2, one line).
+    """
+    if positional is not None and flag is not None and positional != flag:
+        raise CoralError(f"{what} given twice ({positional!r} and {flag_name} {flag!r}); give it once")
+    name = positional if positional is not None else flag if flag is not None else default
+    if name is None:
+        raise CoralError(f"missing {what}: a built-in name (e.g. core) or a YAML file, as the first argument "
+                         f"or {flag_name}")
+    return name
+
+
 def check_output_path(path: str | Path, option: str, *, folder: bool) -> Path:
     """Refuse, before any work is done, an output path that cannot be written.
 
