@@ -133,13 +133,13 @@ def record(folder: Path = RECORDED) -> None:
     """Run every case and write its output under `folder` (old files removed)."""
     import tempfile
 
-    from coral.workload_data import shared_data_dir
+    from coral.workload.datasets import builtin_data_dir
 
     folder.mkdir(exist_ok=True)
     for old in folder.glob("*.txt"):
         old.unlink()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, text in _run_cases(Path(tmp), shared_data_dir()):
+        for name, text in _run_cases(Path(tmp), builtin_data_dir()):
             (folder / f"{name}.txt").write_text(text)
 
 
