@@ -46,7 +46,7 @@ class _Server:
 
     def __init__(self, **options: Any) -> None:
         from coral.runtime.engine.inproc import start_inproc_instance
-        from coral.runtime.serving import ApiServer, ServerOptions
+        from coral.runtime.serving.app import ApiServer, ServerOptions
         from coral.runtime.serving.coordinator import Coordinator, ModelInfo
         from coral.runtime.transport import InprocHub, InprocTransport
 

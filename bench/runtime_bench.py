@@ -36,7 +36,7 @@ def _post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> dict[str, A
 def bench_overhead(n: int) -> list[dict[str, Any]]:
     """p50 per-request time through coordinator + router with a no-op instance (in-process hub)."""
     from coral.runtime.engine.inproc import start_inproc_instance
-    from coral.runtime.serving import ApiServer
+    from coral.runtime.serving.app import ApiServer
     from coral.runtime.serving.coordinator import Coordinator, ModelInfo
     from coral.runtime.transport import InprocHub, InprocTransport
 
@@ -259,7 +259,7 @@ def _zmq_hop_ms(batch: int, hidden: int = 0, n: int = 200) -> float:
 def _noop_per_token_ms(streams: int, tokens: int, via_http: bool) -> float:
     """Wall time per output token of a no-op instance at ``streams`` concurrent requests (coordinator + scheduler [+ HTTP])."""
     from coral.runtime.engine.inproc import start_inproc_instance
-    from coral.runtime.serving import ApiServer
+    from coral.runtime.serving.app import ApiServer
     from coral.runtime.serving.coordinator import Coordinator, ModelInfo
     from coral.runtime.transport import InprocHub, InprocTransport
 

@@ -3,6 +3,7 @@ parsed traces (`$CORAL_CACHE_DIR`, default `~/.cache/coral/templates`). A leaf m
 import it."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -21,8 +22,6 @@ def switched_on(variable: str) -> bool:
 def source_version(*files: str, extra: str = "") -> str:
     """A short hash of these source files' bytes (and `extra`, e.g. numpy's version): a key part
     that changes whenever the code that computes a cached result does."""
-    import hashlib
-
     h = hashlib.sha256()
     for f in files:
         h.update(Path(f).read_bytes())

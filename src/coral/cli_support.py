@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.progress import Progress
 
 from coral.errors import CoralError
 
@@ -193,7 +194,5 @@ def progress_display(*columns: Any, console: Console = err_console, disable: boo
                      transient: bool = False) -> Any:
     """A rich progress bar on a terminal; `LineProgress` (plain, throttled lines) otherwise."""
     if console.is_terminal:
-        from rich.progress import Progress
-
         return Progress(*columns, console=console, disable=disable, transient=transient)
     return LineProgress(console, disable=disable)

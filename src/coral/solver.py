@@ -347,6 +347,7 @@ def _quiet_stdout() -> Iterator[None]:
 def _solve_highs(model: MilpModel, options: SolveOptions,
                  start: np.ndarray | None = None) -> tuple[_Raw, np.ndarray | None]:
     """HiGHS; also the reduced costs of an LP solved to optimality (None otherwise)."""
+    # lazy: solver backend (only the one asked for)
     import highspy
 
     if options.verbose:
@@ -489,6 +490,7 @@ def _row_error(coef: np.ndarray, icoef: np.ndarray, f: float, span: np.ndarray) 
 def _cpsat_model(model: MilpModel) -> tuple[Any, np.ndarray, float, float] | str:
     """The CP-SAT model, each column's grid step, the objective's scale factor and the worst
     row error; or the reason the model is trivially infeasible."""
+    # lazy: solver backend (only the one asked for)
     from ortools.sat.python import cp_model
 
     step, lo_i, hi_i = _cpsat_columns(model)
@@ -536,6 +538,7 @@ def _cpsat_model(model: MilpModel) -> tuple[Any, np.ndarray, float, float] | str
 
 
 def _solve_cpsat(model: MilpModel, options: SolveOptions, start: np.ndarray | None = None) -> _Raw:
+    # lazy: solver backend (only the one asked for)
     from ortools.sat.python import cp_model
 
     built = _cpsat_model(model)
@@ -581,6 +584,7 @@ def _solve_gurobi(model: MilpModel, options: SolveOptions, start: np.ndarray | N
     if importlib.util.find_spec("gurobipy") is None:
         raise CoralError("solver backend 'gurobi' needs the gurobipy package (and a licence); "
                          "install it or use backend 'highs' or 'cpsat'")
+    # lazy: solver backend (only the one asked for)
     import gurobipy as gp
     from gurobipy import GRB
 
@@ -631,6 +635,7 @@ def _solve_gurobi(model: MilpModel, options: SolveOptions, start: np.ndarray | N
 
 def _scipy(a: CsrMatrix) -> Any:
     """`a` as a scipy CSR matrix (Gurobi's matrix API takes scipy's)."""
+    # lazy: scipy.sparse (only for a sparse solver model)
     import scipy.sparse as sp
 
     return sp.csr_matrix((a.data, a.indices, a.indptr), shape=a.shape)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import pytest
 
 from coral.runtime.engine.inproc import InprocInstance, start_inproc_instance
-from coral.runtime.serving import ApiServer, ByteTokenizer, ServerOptions
+from coral.runtime.serving.app import ApiServer, ServerOptions
 from coral.runtime.serving.coordinator import Coordinator, ModelInfo
+from coral.runtime.serving.tokenizer import ByteTokenizer
 from coral.runtime.transport import InprocHub, InprocTransport
 
 from .conftest import http, wait_until

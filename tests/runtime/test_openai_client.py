@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from coral.runtime.serving import ServerOptions
+from coral.runtime.serving.app import ServerOptions
 
 from .test_http import Api, _start, _stop, noop_tokens
 

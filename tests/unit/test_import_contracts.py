@@ -3,6 +3,7 @@ layer above it, the runtime's parts meet only in protocol and transport, no impo
 below the runtime), and every package of coral is placed in a layer, so a new one cannot go round it."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -44,3 +45,37 @@ def test_ignored_imports_are_the_planner_issue_ones() -> None:
     ignored = {imp for c in _contracts().values() for imp in c.get("ignore_imports", [])}
     planner = ("coral.scenario.", "coral.templates.", "coral.allocator.", "coral.sim.")
     assert [] == sorted(i for i in ignored if not i.startswith(planner))
+
+
+# until #25 lands: the planner rewrite owns these packages and their function-level imports
+_PLANNER_PACKAGES = ("allocator", "catalog", "perf", "scenario", "sim", "templates")
+
+
+def _unexplained_imports() -> list[str]:
+    """`file:line: import` of every import inside a function, outside the planner packages, that has no
+    `# lazy:` comment on its line or above it (a run of imports shares the comment above the first)."""
+    out = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] in _PLANNER_PACKAGES:
+            continue
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            imports = [n for n in ast.walk(fn) if isinstance(n, ast.Import | ast.ImportFrom)]
+            first_of = {n.end_lineno: n.lineno for n in imports}
+            for node in imports:
+                line = node.lineno
+                while line - 1 in first_of:  # the import just above: its comment counts for both
+                    line = first_of[line - 1]
+                if "# lazy:" not in lines[node.lineno - 1] and "# lazy:" not in lines[line - 2]:
+                    out.append(f"{rel}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return out
+
+
+def test_function_level_imports_say_why() -> None:
+    # An import inside a function keeps something heavy or optional from loading (torch, ray, the
+    # solver backends, matplotlib, the runtime extra, the core under `coral --help`); it says
+    # which with a `# lazy:` comment.
+    assert [] == _unexplained_imports()

@@ -1,7 +1,9 @@
 """`coral calibrate`: fit the performance model to measurements and print every fit's error."""
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import asdict
+from statistics import fmean
 from typing import Any
 
 import click
@@ -21,9 +23,7 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     leave-one-out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe (Helix 2xL4,
     2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), NCCL all-reduce fits, GEMM fits and
     pipeline sends (Vidur)."""
-    from collections import defaultdict
-    from statistics import fmean
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog
     from coral.perf.calibrate import calibration_report
     from coral.workload_data import public_data_path

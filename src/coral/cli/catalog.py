@@ -17,6 +17,7 @@ def catalog() -> None:
 
 
 def _catalog(prices: str | None) -> Any:
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog, load_prices_csv
 
     cat = builtin_catalog()
@@ -95,6 +96,7 @@ def catalog_prices(region: str | None, prices: str | None, as_json: bool) -> Non
 @json_opt
 def catalog_models(config_json: str | None, as_json: bool) -> None:
     """Built-in model specs and their derived sizes (or one config.json of yours)."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_model, builtin_model_names, load_hf_config
 
     specs = [load_hf_config(config_json)] if config_json else [builtin_model(n) for n in builtin_model_names()]

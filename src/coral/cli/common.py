@@ -9,6 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from coral.cli_support import err_console, pick_scenario, progress_display, stdout_console
 
@@ -50,14 +57,7 @@ nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
 
 def prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
                            cache_dir: str | None, quiet: bool, n_max: int | None = None) -> Any:
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import prepare, scaled_scenario
 
     scenario = scaled_scenario(scenario_name, demand_scale)

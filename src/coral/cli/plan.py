@@ -80,6 +80,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     3 --verify / --calibrate predict a model below its attainment target, 4 the plan serves none of
     the demand (nothing written).
     """
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.allocator import render_plan
     from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
@@ -96,6 +97,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path)
     steps: list[Any] = []
     if calibrate:
+        # lazy: the core loads only when the command runs (`coral --help` stays quick)
         from coral.experiments.verify import calibrate_plan
 
         def show(step: Any) -> None:
@@ -108,12 +110,14 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     else:
         result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
         if verify:
+            # lazy: the core loads only when the command runs (`coral --help` stays quick)
             from coral.experiments.verify import CalibrationStep, verify_plan
 
             steps = [CalibrationStep(iteration=0, cost_usd_per_h=result.cost_usd_per_h, boost={},
                                      verdicts=tuple(verify_plan(setup, result)))]
             if not as_json:
                 _print_verdicts(steps[0].verdicts, f"verification: plan {result.cost_usd_per_h:.2f} $/h, one epoch simulated")
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.allocator.demand import offered_demand
 
     offered = offered_demand(setup.scenario)
@@ -156,6 +160,7 @@ def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any
                        running_path: str | None) -> tuple[Any, dict[str, Any]]:
     """`coral plan --engine` / `--running`: restrict the library, plan the unrestricted baseline, read the
     running plan (docs/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import plan
     from coral.runtime.deploy.advisory import running_counts
     from coral.runtime.deploy.cli import load_running, restrict_setup
@@ -175,6 +180,7 @@ def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any
 
 def _plan_deploy_fields(deploy: dict[str, Any], result: Any, data: dict[str, Any], setup: Any) -> dict[str, Any]:
     """The plan JSON's deployment fields: scenario source, engine restriction cost, advisory diff."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.cli import advise, engine_report
 
     src = deploy["scenario_source"]
@@ -188,6 +194,7 @@ def _plan_deploy_fields(deploy: dict[str, Any], result: Any, data: dict[str, Any
 
 def _print_deploy_fields(data: dict[str, Any]) -> None:
     """After the plan's tables: the engine restriction's cost and the advisory diff, when asked for."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.cli import print_advice, print_engine_report
 
     if "engine_restriction" in data:
@@ -210,6 +217,7 @@ def _print_verdicts(verdicts: Any, title: str) -> None:
 def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, demand_scale: float, availability: str,
                       jobs: int, cache_dir: str | None, options: Any, plot_path: str | None, out: str | None,
                       as_json: bool) -> None:
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.verify import attainment_costs, plot_attainment_costs
 
     try:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from coral.atomic import write_text
@@ -52,8 +53,7 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
                  n_max: int | None, out: str | None, as_json: bool) -> None:
     """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
     re-planning every epoch."""
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import run_simulation
 
     if out:

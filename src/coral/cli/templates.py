@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from coral.cli.common import console, emit_json, json_opt, scenario_opt
 from coral.cli_support import CoralGroup, check_output_path, err_console, progress_display
-from coral.errors import CoralError
+from coral.errors import CoralError, unknown
 
 
 @click.group(cls=CoralGroup)
@@ -48,6 +49,7 @@ def _placement_table(tmpl_dict: dict[str, Any], title: str) -> Table:
 def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_tokens: float, output_tokens: float,
                     solver: str, backend: str, batches: str, n_max: int, as_json: bool) -> None:
     """Solve one template: the best placement of MODEL on a node multiset under an SLO."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog, resolve_model_spec
     from coral.perf import Phase, RooflinePerf
     from coral.scenario.schema import PlannerEntry
@@ -85,6 +87,7 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     timings = template_timings(perf, tspec)
     solve_fn = None
     if solver == "ilp":
+        # lazy: the core loads only when the command runs (`coral --help` stays quick)
         from coral.solver import SolveOptions
         from coral.templates.ilp import solve_placement_ilp
 
@@ -120,6 +123,7 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
 
 
 def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.cache import default_cache_dir
 
     if no_cache:
@@ -141,8 +145,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
                     rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
     """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, specs_for
 
@@ -190,6 +193,7 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
 def templates_show(scenario_name: str, model: str | None, phase: str | None, region: str | None, top: int,
                    n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
     """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.perf import Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
@@ -198,8 +202,6 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
     s = load_scenario(scenario_name)
     region = region or s.regions[0]
     if region not in s.regions:
-        from coral.errors import unknown
-
         raise unknown("region", region, s.regions)
     models = [s.model(model).name] if model else None
     lib = build_library(s, cache_dir=_cache_dir(cache_dir, False), n_max=n_max, models=models)
@@ -240,8 +242,7 @@ def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, 
                      jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
     """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
     and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.motivation import motivation
 
     check_output_path(out, "--out", folder=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
 from coral import __version__
 from coral.atomic import building_dir
@@ -95,8 +96,7 @@ def _command(name: str, setup: str, out: Path, jobs: int, seed: int, duration_s:
 
 def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_s: float | None, quick: bool,
          cache_dir: str | None, data_dir: str | None, arrival: str | None = None, n_max: int | None = None) -> None:
-    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-
+    # lazy: `coral --help` lists the studies without loading them
     from coral.experiments.report import render
 
     try:
@@ -197,6 +197,7 @@ for _name, _doc in _DOCS.items():
 def _register_optional() -> None:
     """The fidelity study lives in its own module (another engineer's); add it when importable."""
     try:
+        # lazy: the study is left out when its module cannot import
         from coral.experiments.fidelity import fidelity
     except ImportError:
         return

@@ -33,7 +33,16 @@ from typing import Any
 import click
 import numpy as np
 
+from coral.catalog import builtin_catalog
 from coral.errors import CoralError
+from coral.perf import Phase, Shape
+from coral.policy import InstanceSpec
+from coral.scenario import parse_scenario, resolve
+from coral.scenario.traffic import template_budget_ms
+from coral.sim import Hosts, simulate
+from coral.templates.problem import Placement, Stage
+from coral.templates.template import Template
+from coral.workload import Trace, cut, load_dataset, scale_to_rate
 
 __all__ = ["FidelityOptions", "fidelity", "run_fidelity"]
 
@@ -75,9 +84,6 @@ PROFILE_REPS = 7
 
 
 def _scenario(model: str, spec_path: Path, node: str, csv_path: Path, prompt_mean: float, output_mean: float, rate: float) -> Any:
-    from coral.catalog import builtin_catalog
-    from coral.scenario import parse_scenario, resolve
-
     cat = builtin_catalog()
     regions = sorted({r for (r, c) in cat.offers if c == cat.config(node).name}) or sorted({r for (r, _) in cat.offers})
     data = {
@@ -93,11 +99,6 @@ def _scenario(model: str, spec_path: Path, node: str, csv_path: Path, prompt_mea
 def _templates(scenario: Any, layout: Any, node: str, prompt_mean: float, output_mean: float, prefill_batch: int,
                decode_batch: int) -> dict[str, Any]:
     """Templates whose placements are exactly the runtime's instances; Θ at the nominal shape (b = 1)."""
-    from coral.perf import Phase, Shape
-    from coral.scenario.traffic import template_budget_ms
-    from coral.templates.problem import Placement, Stage
-    from coral.templates.template import Template
-
     served = scenario.models[0]
     spec, perf, cfg = served.spec, scenario.perf, scenario.config(node)
     out = {}
@@ -122,8 +123,6 @@ def _templates(scenario: Any, layout: Any, node: str, prompt_mean: float, output
 
 def _work_s(perf: Any, spec: Any, cfg: Any, prompt: np.ndarray, output: np.ndarray) -> float:
     """Mean engine-seconds one request costs (whole model, alone): sizes the arrival rate."""
-    from coral.perf import Phase, Shape
-
     L = spec.num_layers
     tot = 0.0
     for p, d in zip(prompt[:500], output[:500], strict=True):
@@ -151,8 +150,6 @@ def _calibration_trace(perf: Any, spec: Any, cal_spec: Any, name: str, opts: Fid
     of 2 and of 3 requests sent 10 ms apart (full prompts), each group alone; then `like`, a
     window of the same dataset at the trace's rate that the trace does not contain (held out),
     so the host is as busy as during the trace."""
-    from coral.workload import Trace
-
     lengths = np.linspace(max(1, opts.max_prompt // 4), opts.max_prompt, CAL_LENGTHS).astype(np.int64)
     rounds = CAL_ROUNDS[opts.quick]
     alone = _work_s(perf, spec, cal_spec, np.array([opts.max_prompt]), np.array([opts.max_output]))
@@ -200,8 +197,6 @@ def _calibrate(perf: Any, recs: list[Any], group: np.ndarray,
     the calibration requests. It is in place while fitting, and the groups of 2 and 3 requests
     show how well the two together predict requests in flight at once (`after.groups`).
     """
-    from coral.perf import Phase
-
     ok = np.array([not r.error for r in recs])
     iso, multi, like = ok & (group == 1), ok & (group > 1), ok & (group == LIKE)
     # Fitted on the isolated requests. Fitting on the held-out traffic instead (the host as busy as
@@ -387,9 +382,11 @@ def _variant(real_ttft: np.ndarray, real_tpot: np.ndarray, sel: np.ndarray, sim:
 
 def _plot(path: Path, real_ttft: np.ndarray, sim_ttft: np.ndarray, real_tpot: np.ndarray, sim_tpot: np.ndarray,
           base_ttft: np.ndarray | None, base_tpot: np.ndarray | None, title: str) -> None:
+    # lazy: matplotlib (only when plotting)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (only when plotting)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -424,6 +421,7 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
     Raises:
         CoralError: the runtime failed to start, no request finished, a bad option.
     """
+    # lazy: the study's runtime half (`coral --help` registers the study without loading it)
     from coral.experiments.fidelity_perf import load_engine_perf
     from coral.experiments.fidelity_profile import resolve_runtime_model
     from coral.experiments.fidelity_runtime import (
@@ -436,11 +434,6 @@ def run_fidelity(opts: FidelityOptions, progress: Callable[[str], None] | None =
         runtime_overhead,
     )
     from coral.experiments.profile_cmd import run_profile
-    from coral.perf import Phase
-    from coral.policy import InstanceSpec
-    from coral.sim import Hosts, simulate
-    from coral.workload import Trace, cut, load_dataset, scale_to_rate
-
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     load_start = os.getloadavg()

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from coral.errors import CoralError
 
 __all__ = [
@@ -112,6 +114,7 @@ def resolve_runtime_model(model: str) -> tuple[str, dict[str, Any]]:
     Raises:
         CoralError: an unknown name or unreadable file.
     """
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.engine.model import BUILTIN_CONFIGS
 
     if model in EXTRA_CONFIGS:
@@ -138,8 +141,10 @@ def resolve_runtime_model(model: str) -> tuple[str, dict[str, Any]]:
 
 def _run_items(shard: Any, kv: Any, seqs: list[str], position: int, n_new: int, hidden_size: int, vocab: int) -> None:
     """One micro-batch through a shard, as the engine does it: one batched pass over its KV pool."""
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.engine.model import select_tokens
     from coral.runtime.protocol import TensorBlob
 
@@ -164,8 +169,6 @@ class _CacheFlush:
     this host: ~15-20 % slower decode than back-to-back runs)."""
 
     def __init__(self, nbytes: int) -> None:
-        import numpy as np
-
         self.buf = np.ones(max(nbytes, 8) // 8) if nbytes > 0 else None
 
     def __call__(self) -> None:
@@ -240,6 +243,7 @@ def measure_layers(
     Raises:
         CoralError: a model with fewer than 4 layers, or lengths beyond its context.
     """
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.engine.model import ShardSpec, load_shard
 
     n_layers = int(config["num_hidden_layers"])
@@ -257,6 +261,7 @@ def measure_layers(
     }
     grid = [("prefill", b, p) for p in prompt_tokens for b in batches] + [("decode", b, c) for c in contexts for b in decode_batches]
     flush = _CacheFlush(flush_bytes)
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
     clock = time.process_time if device == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
@@ -281,6 +286,7 @@ def measure_layers(
 
 def _echo_main(conn: Any, host: str) -> None:
     """Child process: bounce every ForwardBatch / KvPush back to its sender until Shutdown."""
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.protocol import ForwardBatch, KvPush, Shutdown
     from coral.runtime.transport import ZmqTransport
 
@@ -301,8 +307,6 @@ def _echo_main(conn: Any, host: str) -> None:
 
 def _fit(points: list[tuple[float, float]]) -> tuple[float, float]:
     """Least squares `t = a + x / bw` (a >= 0, bw > 0)."""
-    import numpy as np
-
     x = np.array([p[0] for p in points])
     y = np.array([p[1] for p in points])
     slope, a = np.polyfit(x, y, 1) if len(set(x.tolist())) > 1 else (0.0, float(y.mean()))
@@ -324,6 +328,7 @@ def measure_links(config: dict[str, Any], *, host: str = "127.0.0.1", reps: int 
     Returns:
         (activation fit, KV fit), one-way times.
     """
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.protocol import BatchItem, ForwardBatch, KvPush, Shutdown, TensorBlob
     from coral.runtime.transport import ZmqTransport
 

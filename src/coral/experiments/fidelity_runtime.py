@@ -359,6 +359,7 @@ def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarra
     Returns:
         One record per request, in trace order.
     """
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.serving.loadgen import replay as load_replay
 
     rng = np.random.default_rng(seed)
@@ -386,6 +387,7 @@ def runtime_overhead(cluster: dict[str, Any], *, requests: int = 16, prompt_toke
     Returns:
         (median TTFT s, median TPOT s).
     """
+    # lazy: the runtime extra (torch, msgspec, zmq)
     from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
     from coral.runtime.deploy.provisioner import LocalProvisioner

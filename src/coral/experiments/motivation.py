@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from coral.atomic import building_dir
-from coral.errors import CoralError
+from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import load_scenario
 from coral.templates.library import build_library, template_to_dict
@@ -56,8 +56,6 @@ def motivation(*, scenario: str = "extended", model: str = "qwen3-235b-a22b", ph
     s = load_scenario(scenario, {"models": data["models"], "planner": planner})
     region = region or s.regions[0]
     if region not in s.regions:
-        from coral.errors import unknown
-
         raise unknown("region", region, s.regions)
     lib = build_library(s, jobs=jobs, cache_dir=cache_dir, models=[model], step=step)
     prices = {c: p for (r, c), p in s.prices.items() if r == region}
@@ -125,9 +123,11 @@ def spectrum_figure(spectrum: dict[str, list[float]]) -> Figure:
 
 
 def _write(out: Path, result: dict[str, Any]) -> None:
+    # lazy: matplotlib (only when plotting)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (only when plotting)
     import matplotlib.pyplot as plt
 
     with building_dir(out) as tmp:

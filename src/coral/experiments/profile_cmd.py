@@ -28,6 +28,7 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 
 
 def _device(device: str) -> str:
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
     if device == "auto":
@@ -64,9 +65,13 @@ def run_profile(model: str, node: str, out: str | Path, *, name: str | None = No
     Raises:
         CoralError: an unknown node or model, a bad grid.
     """
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog
+
+    # lazy: torch (runtime extra)
     from coral.experiments.fidelity_profile import (
         HostProfile,
         LinkFit,

@@ -12,9 +12,11 @@ COLORS = {"coral": "#d62728", "homo": "#1f77b4", "cauchy": "#2ca02c", "template-
 
 
 def _plt() -> Any:
+    # lazy: matplotlib (only when plotting)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (only when plotting)
     import matplotlib.pyplot as plt
 
     return plt

@@ -12,11 +12,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from coral.allocator import Plan
+from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.experiments.pipeline import Setup, plan, prepare, run_simulation, scaled_scenario
 from coral.perf.model import Phase
 from coral.scenario import Scenario, load_scenario
 from coral.templates.library import build_library
+from coral.workload.shift import heavy_split_multipliers
 
 EXPERIMENTS = ("cost", "goodput", "skew", "helix", "ablation", "sensitivity")
 SETUPS = ("core", "extended")
@@ -379,8 +381,6 @@ def run_goodput(session: Session) -> dict[str, Any]:
 
 def run_skew(session: Session) -> dict[str, Any]:
     """§6.5: 80 % of the (unchanged) total rate to the large / small models."""
-    from coral.workload.shift import heavy_split_multipliers
-
     setup = session.setup(session.config.setup, "abundant")
     rates = {m.name: m.rate_per_s for m in setup.scenario.models}
     cases, comp, mult = {}, {}, {}
@@ -473,8 +473,6 @@ def run_sensitivity(session: Session) -> dict[str, Any]:
 
 
 def _cache_dir(cfg: RunConfig) -> Path:
-    from coral.cache import default_cache_dir
-
     return cfg.cache_dir or default_cache_dir()
 
 

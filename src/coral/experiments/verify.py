@@ -2,6 +2,7 @@
 applied, capacity raised where the prediction misses, and the cost of each attainment target."""
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,8 +12,12 @@ import numpy as np
 from coral.allocator import Plan
 from coral.allocator.capacity import component_quantile
 from coral.allocator.demand import capacity_targets
+from coral.atomic import write_bytes
 from coral.errors import CoralError
+from coral.experiments.pipeline import plan as solve
+from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.perf.model import Phase
+from coral.sim import simulate
 from coral.workload import build_workload
 
 Group = tuple[str, Phase]
@@ -46,9 +51,6 @@ def verify_plan(setup: Any, plan: Plan, *, duration_s: float | None = None, seed
     Raises:
         CoralError: the traffic can't be generated, or the plan serves no model at all.
     """
-    from coral.experiments.pipeline import plan_specs
-    from coral.sim import simulate
-
     scenario = setup.scenario
     span = float(duration_s or scenario.planner.epoch_s)
     specs = plan_specs(plan)
@@ -97,8 +99,6 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
         The last plan and every step (the first is the plan as sized); the caller checks the last
         step's `ok`.
     """
-    from coral.experiments.pipeline import plan as solve
-
     if iterations < 0:
         raise CoralError(f"--iterations must be >= 0, got {iterations}")
     boost: dict[Group, float] = {}
@@ -128,9 +128,6 @@ def attainment_costs(scenario_name: str, targets: Sequence[float], *, method: st
     """The plan at each scenario-wide attainment target (per-model overrides are replaced), or, for a
     target no plan can reach, why (the `CoralError`'s message): the sweep shows where the SLOs stop
     being reachable instead of failing as a whole."""
-    from coral.experiments.pipeline import plan as solve
-    from coral.experiments.pipeline import prepare, scaled_scenario
-
     out: list[tuple[float, Plan | str]] = []
     for a in targets:
         if not 0 < a < 1:
@@ -153,12 +150,12 @@ def attainment_costs(scenario_name: str, targets: Sequence[float], *, method: st
 
 def plot_attainment_costs(rows: Sequence[tuple[float, float]], path: Any, title: str) -> None:
     """$/h against the attainment target, written atomically to `path` (PNG)."""
+    # lazy: matplotlib (only when plotting)
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: matplotlib (only when plotting)
     import matplotlib.pyplot as plt
-
-    from coral.atomic import write_bytes
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     xs = [a * 100 for a, _ in rows]
@@ -170,7 +167,6 @@ def plot_attainment_costs(rows: Sequence[tuple[float, float]], path: Any, title:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    import io
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)

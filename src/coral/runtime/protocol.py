@@ -15,6 +15,7 @@ are inlined, where a frame would cost more than the copy (vLLM's engine core doe
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any, Union
 
@@ -130,6 +131,7 @@ class TensorBlob:
         Returns:
             The blob; its bytes are a view on a contiguous CPU tensor (copied from the device if needed).
         """
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
         c = t.detach().to("cpu").contiguous()
@@ -148,8 +150,7 @@ class TensorBlob:
             On the CPU, a tensor over the blob's memory (no copy; do not modify it in place);
             elsewhere, a copy on ``device``.
         """
-        import warnings
-
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
         dt = getattr(torch, self.dtype)

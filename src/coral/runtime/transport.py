@@ -62,6 +62,7 @@ class CurveKeys:
         Raises:
             CoralError: if the files are missing or not ZeroMQ certificates.
         """
+        # lazy: zmq.auth (only with CurveZMQ keys)
         import zmq.auth
 
         path = Path(folder) / SECRET_KEY_FILE
@@ -88,6 +89,7 @@ def generate_keys(folder: str | Path) -> tuple[Path, Path]:
     Raises:
         CoralError: if a keypair already exists there (never overwritten).
     """
+    # lazy: zmq.auth (only with CurveZMQ keys)
     import zmq.auth
 
     d = Path(folder)
@@ -115,6 +117,7 @@ _AUTH_LOCK = threading.Lock()
 
 def _authenticator(ctx: Any, keys: CurveKeys) -> None:
     """Start (once per context) the ZAP handler that admits only peers holding ``keys``."""
+    # lazy: zmq.auth (only with CurveZMQ keys)
     import zmq.auth.thread
 
     with _AUTH_LOCK:
@@ -261,6 +264,7 @@ class ZmqTransport(Transport):
             send_hwm: messages queued per peer before ``send`` drops and logs.
             curve: the cluster keypair; None = plain tcp (a trusted loopback only).
         """
+        # lazy: zmq.auth (only with CurveZMQ keys)
         import zmq
 
         self._zmq = zmq

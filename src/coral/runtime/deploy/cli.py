@@ -1,10 +1,16 @@
 """`coral export`: turn a plan file into SkyPilot task YAMLs or `vllm serve` scripts (no torch needed)."""
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
+from rich.table import Table
 
+from coral.errors import CoralError
 from coral.runtime.deploy.export import FORMATS
 
 
@@ -26,7 +32,7 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     Exit codes: 0 written, 2 bad input (plan of another scenario or an older version, a derived
     shape without --allow-derived, an instance the format cannot express with --strict).
     """
-    from coral.errors import CoralError
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.export import check_out_folder, export_plan, write_export
     from coral.runtime.deploy.plan_file import load_plan_file
 
@@ -62,8 +68,7 @@ def restrict_setup(setup: Any, engine: str) -> tuple[Any, dict[str, Any]]:
     Returns:
         (setup, facts): facts has `templates` / `kept` counts per the whole library.
     """
-    import dataclasses
-
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.vllm import vllm_templates
     from coral.templates.template import TemplateLibrary
 
@@ -98,10 +103,7 @@ def load_running(path: str, scenario: Any) -> Any:
     Raises:
         CoralError: as `coral.runtime.deploy.plan_file.parse_plan`, prefixed with --running.
     """
-    import json
-    from pathlib import Path
-
-    from coral.errors import CoralError
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.plan_file import parse_plan
 
     try:
@@ -115,6 +117,7 @@ def load_running(path: str, scenario: Any) -> Any:
 
 def advise(running: Any, data: dict[str, Any], scenario: Any) -> dict[str, Any]:
     """Diff the running plan against the new plan's JSON `data` (as `PlanDiff.to_json`). Changes nothing."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.advisory import diff_plans
     from coral.runtime.deploy.plan_file import parse_plan
 
@@ -123,9 +126,6 @@ def advise(running: Any, data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 
 def print_advice(d: dict[str, Any]) -> None:
     """Print an advisory diff (`PlanDiff.to_json`) as a table and a $/h line."""
-    from rich.console import Console
-    from rich.table import Table
-
     t = Table(title=f"Advisory: {d['start']} instance(s) to start, {d['drain']} to drain, {d['unchanged']} unchanged "
                     "(nothing was changed)")
     for col in ("region", "template", "running", "planned", "start", "drain", "Δ $/h"):

@@ -19,6 +19,7 @@ from coral.catalog.models import ModelSpec, from_hf_config
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.runtime.engine.model import model_config_dict
+from coral.runtime.serving.tokenizer import load_tokenizer
 
 __all__ = [
     "MIXED",
@@ -365,8 +366,6 @@ def _models(files: list[ModelFile]) -> list[ServedModel]:
         cfg = model_config_dict(m.builtin, m.hf_config, path)
         ctx = m.max_context or int(cfg.get("max_position_embeddings", 2048))
         if m.tokenizer is not None or m.chat_template is not None:
-            from coral.runtime.serving.tokenizer import load_tokenizer
-
             load_tokenizer(m.tokenizer, m.chat_template, int(cfg.get("vocab_size", 0)), m.name)  # fail at load, not per request
         models.append(ServedModel(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer,
                                   chat_template=m.chat_template, spec=model_arch(cfg, m.name)))

@@ -14,7 +14,7 @@ from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import ClusterSpec
 from coral.runtime.deploy.lifecycle import Controller
 from coral.runtime.deploy.provisioner import LocalProvisioner, Provisioner
-from coral.runtime.serving import ApiServer, ServerOptions
+from coral.runtime.serving.app import ApiServer, ServerOptions
 from coral.runtime.serving.coordinator import Coordinator, ModelInfo
 from coral.runtime.serving.tokenizer import Tokenizer, load_tokenizer
 from coral.runtime.transport import CurveKeys, ZmqTransport

@@ -33,7 +33,7 @@ from coral.catalog.hardware import split_config_name
 from coral.catalog.models import ModelSpec, builtin_hf_id, builtin_model_names
 from coral.errors import CoralError
 from coral.perf.model import Phase
-from coral.runtime.deploy.mapping import SCHEDULER_BASE_PORT, scheduler_port
+from coral.runtime.deploy.mapping import SCHEDULER_BASE_PORT, node_weights, scheduler_port
 from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
 from coral.runtime.deploy.vllm import vllm_reason
 
@@ -226,8 +226,6 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
     """The cluster file the control plane serves (`coral serve --provisioner remote`): every planned
     instance with its stages, per-node routing weights, node configurations and fixed scheduler port,
     and each model's config and tokenizer (read from `/models/<model>`, where its setup puts them)."""
-    from coral.runtime.deploy.mapping import node_weights
-
     specs = {m.name: m.spec for m in plan.scenario.models}
     models = sorted({i.model for i in plan.instances})
     instances = []

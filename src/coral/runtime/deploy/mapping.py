@@ -7,7 +7,7 @@ from typing import Any
 
 from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
-from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
+from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance, load_plan_file
 
 
 def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ...], ...]:
@@ -58,6 +58,7 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     Raises:
         CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
     """
+    # lazy: the runtime extra (msgspec, zmq): `coral export` runs without it
     from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 
     specs = []
@@ -123,8 +124,6 @@ def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None)
     Raises:
         CoralError: as `load_plan_file` and :func:`plan_instance_specs`.
     """
-    from coral.runtime.deploy.plan_file import load_plan_file
-
     return cluster_from_plan(cluster, load_plan_file(path, scenario))
 
 

@@ -21,14 +21,20 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from coral.allocator import Plan, allocate, allocate_inputs, tight_availability
+from coral.allocator.allocate import METHODS
 from coral.allocator.demand import Forecaster, capacity_targets, offered_demand
 from coral.allocator.inputs import AllocationInputs
+from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
 from coral.runtime.deploy.lifecycle import Demand, shape_key
+from coral.runtime.deploy.mapping import plan_instance_specs
+from coral.runtime.deploy.plan_file import parse_plan
+from coral.runtime.deploy.vllm import vllm_templates
 from coral.scenario import Scenario, with_demand_scale
 from coral.solver import SolveOptions
+from coral.templates.library import build_library
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template, TemplateLibrary
 
@@ -159,18 +165,12 @@ class PlanPlanner:
         Raises:
             CoralError: a method the live planner cannot run, or a library build error.
         """
-        from coral.allocator.allocate import METHODS
-        from coral.cache import default_cache_dir
-        from coral.templates.library import build_library
-
         if plan.method not in METHODS:
             raise CoralError(f"{plan.path}: method {plan.method!r} cannot re-plan live; valid: {', '.join(METHODS)}")
         scenario = with_demand_scale(plan.scenario, plan.demand_scale)
         full = build_library(scenario, cache_dir=cache_dir or default_cache_dir())
         library = full
         if plan.engine == "vllm":
-            from coral.runtime.deploy.vllm import vllm_templates
-
             library = TemplateLibrary(templates=vllm_templates(full.templates), stats=full.stats)
         availability = dict(scenario.availability)
         if plan.availability == "tight":
@@ -205,9 +205,6 @@ class PlanPlanner:
         return out
 
     def __call__(self, demand: Demand, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
-        from coral.runtime.deploy.mapping import plan_instance_specs
-        from coral.runtime.deploy.plan_file import parse_plan
-
         want = self.capacity(demand)
         rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
         prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)

@@ -66,6 +66,7 @@ class _Process:
 
     def start(self, role: str, spec: dict[str, Any]) -> int:
         """Start one process; an engine's shard runs on the GPU Ray gave this actor (:func:`engine_device`)."""
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         spec = {**spec, "parent_pid": os.getpid()}
@@ -95,6 +96,7 @@ class _Process:
 
     def node_id(self) -> str:
         """The Ray node this actor runs on."""
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         return str(ray.get_runtime_context().get_node_id())
@@ -117,6 +119,7 @@ class _Process:
 
 def ray_capacity() -> Counter[tuple[str, int]]:
     """(GPU type, GPUs) -> alive Ray nodes of that shape (`accelerator_type:<GPU>` and `GPU` resources)."""
+    # lazy: ray (optional: only the Ray provisioner)
     import ray
 
     out: Counter[tuple[str, int]] = Counter()
@@ -147,6 +150,7 @@ class RayProvisioner(Provisioner):
     def __init__(self, node_configs: Mapping[str, Sequence[Sequence[str]]] | None = None, *,
                  default_config: str | None = None, address: str | None = None, cpus_per_engine: float = 0.5,
                  placement_timeout_s: float = 60.0, log_level: str = "WARNING") -> None:
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         if not ray.is_initialized():
@@ -200,6 +204,7 @@ class RayProvisioner(Provisioner):
 
     # -- Provisioner ------------------------------------------------------------------------------
     def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -285,11 +290,13 @@ class RayProvisioner(Provisioner):
 
     def placement(self, proc_name: str) -> list[dict[str, Any]]:
         """The GPU mapping of engine node `proc_name`'s processes (its TP ranks): see `_Process.placement`."""
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         return list(ray.get(self.actors[proc_name].placement.remote(), timeout=30))
 
     def _alive(self, names: list[str]) -> dict[str, bool]:
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         refs = {}
@@ -321,6 +328,7 @@ class RayProvisioner(Provisioner):
         return alive
 
     def stop_instance(self, name: str, timeout_s: float = 5.0) -> None:  # noqa: D102
+        # lazy: ray (optional: only the Ray provisioner)
         import ray
 
         self.retired.add(name)

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from coral.atomic import write_text
 from coral.cli_support import UserError, check_output_path
 from coral.errors import CoralError
 
@@ -43,6 +44,7 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
           plan_path: str | None = None, scenario_name: str | None = None, provisioner_name: str = "local",
           ray_address: str | None = None, dry_run: bool = False) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
+    # lazy: `coral --help` lists serve without loading the runtime
     from coral.runtime.deploy.cluster_config import load_cluster
     from coral.runtime.deploy.deployment import Deployment
     from coral.runtime.deploy.provisioner import LocalProvisioner
@@ -54,12 +56,14 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
         cluster = load_cluster(config_path)
         plan_file = None
         if plan_path:
+            # lazy: `coral --help` lists serve without loading the runtime
             from coral.runtime.deploy.mapping import cluster_from_plan
             from coral.runtime.deploy.plan_file import load_plan_file
 
             plan_file = load_plan_file(plan_path, scenario_name)
             cluster = cluster_from_plan(cluster, plan_file)
             if provisioner_name == "remote":  # numbered as the SkyPilot export's engine tasks dial them
+                # lazy: `coral --help` lists serve without loading the runtime
                 from coral.runtime.deploy.mapping import with_scheduler_ports
 
                 cluster = dataclasses.replace(cluster, instances=tuple(with_scheduler_ports(plan_file, list(cluster.instances))))
@@ -74,6 +78,7 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
                                  "to none (re-export the new plan instead), or pass --dry-run to only log it")
             provisioner = LocalProvisioner(log_level=log_level, start_engines=False)
         if provisioner_name == "ray":
+            # lazy: ray (optional: only with --provisioner ray)
             from coral.runtime.deploy.ray_provisioner import RayProvisioner
 
             # a plan's instances carry each node's configuration: the provisioner places by it
@@ -81,10 +86,12 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
             provisioner.check_capacity(cluster.instances)
         planner: Any = None
         if cluster.planner == "allocator" and plan_file is not None:
+            # lazy: `coral --help` lists serve without loading the runtime
             from coral.runtime.deploy.planner import PlanPlanner
 
             planner = PlanPlanner.from_plan(plan_file, {m.name: m for m in cluster.models})
         elif cluster.planner == "allocator":
+            # lazy: `coral --help` lists serve without loading the runtime
             from coral.runtime.deploy.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
@@ -98,8 +105,6 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     models = ", ".join(m.name for m in cluster.models)
     click.echo(f"coral serve: {len(cluster.instances)} instances of {models} at {dep.url} (Ctrl-C to stop)")
     if ready_file:
-        from coral.atomic import write_text
-
         write_text(ready_file, dep.url + "\n")  # whole or not at all: a script polls for it
     reported: set[str] = set()
     try:
@@ -144,6 +149,7 @@ def keys(folder: str | None) -> None:
     and a peer without the secret key can neither read nor send control messages. Copy the
     folder to every machine of the cluster over a secure channel; keep the secret file private.
     """
+    # lazy: `coral --help` lists serve without loading the runtime
     from coral.runtime.transport import generate_keys
 
     path = Path(folder) if folder else default_keys_dir()

@@ -74,6 +74,7 @@ def start_inproc_instance(
     Returns:
         The running instance (call :meth:`InprocInstance.stop`).
     """
+    # lazy: torch (only engines that run layers)
     from coral.runtime.engine.model import ShardSpec, load_shard
 
     slots = []

@@ -35,11 +35,16 @@ requests, and preempts running ones by recompute, before an engine would refuse.
 from __future__ import annotations
 
 import os
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+from torch.nn import functional as F
+
+from coral.runtime.engine.blocks import DEFAULT_BLOCK_SIZE, BlockPool, KvCacheFull, blocks_for
+
 __all__ = [
+    "DEFAULT_BLOCK_SIZE",
     "BatchMeta",
     "BlockPool",
     "KvCacheFull",
@@ -50,92 +55,8 @@ __all__ = [
     "paged_attention",
 ]
 
-#: Tokens per block; small blocks waste little on short sequences, large ones index less.
-DEFAULT_BLOCK_SIZE = 16
 #: DESIGN §2's usable share of a device's memory.
 MEMORY_UTILIZATION = 0.9
-
-
-class KvCacheFull(RuntimeError):
-    """Not enough free blocks for a request's tokens (the caller queues or preempts)."""
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """Blocks that hold ``tokens`` tokens."""
-    return -(-tokens // block_size)
-
-
-class BlockPool:
-    """Block accounting: a free list and one block table per sequence (no tensors).
-
-    The engine uses it to place tokens; the scheduler keeps one per engine node as an
-    exact mirror, so both agree on what fits.
-    """
-
-    def __init__(self, num_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
-        """Args:
-        num_blocks: blocks in the pool (>= 1).
-        block_size: tokens per block (>= 1).
-
-        Raises:
-            ValueError: for a non-positive size.
-        """
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a KV pool needs >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
-        self.tables: dict[str, list[int]] = {}
-        self.lengths: dict[str, int] = {}
-
-    @property
-    def num_free(self) -> int:
-        """Blocks not held by any sequence."""
-        return len(self._free)
-
-    @property
-    def capacity_tokens(self) -> int:
-        """Tokens the whole pool holds."""
-        return self.num_blocks * self.block_size
-
-    def extra_blocks(self, seq: str, total_tokens: int) -> int:
-        """Blocks ``seq`` still needs to hold ``total_tokens`` tokens."""
-        have = len(self.tables.get(seq, ()))
-        return max(0, blocks_for(total_tokens, self.block_size) - have)
-
-    def can_grow(self, seq: str, total_tokens: int) -> bool:
-        """Whether ``seq`` can grow to ``total_tokens`` tokens now."""
-        return self.extra_blocks(seq, total_tokens) <= len(self._free)
-
-    def grow(self, seq: str, total_tokens: int) -> list[int]:
-        """Make ``seq`` hold ``total_tokens`` tokens (a new sequence starts empty).
-
-        Returns:
-            The sequence's block table.
-
-        Raises:
-            KvCacheFull: if the free blocks do not suffice (nothing is allocated then).
-        """
-        need = self.extra_blocks(seq, total_tokens)
-        if need > len(self._free):
-            raise KvCacheFull(f"KV cache full: {seq} needs {need} more block(s) of {self.block_size} tokens, {len(self._free)} free of {self.num_blocks}")
-        table = self.tables.setdefault(seq, [])
-        for _ in range(need):
-            table.append(self._free.popleft())
-        self.lengths[seq] = max(self.lengths.get(seq, 0), total_tokens)
-        return table
-
-    def free(self, seq: str) -> int:
-        """Return ``seq``'s blocks to the pool; returns how many (0 for an unknown sequence)."""
-        table = self.tables.pop(seq, None)
-        self.lengths.pop(seq, None)
-        if not table:
-            return 0
-        self._free.extend(table)
-        return len(table)
-
-    def __contains__(self, seq: object) -> bool:
-        return seq in self.tables
 
 
 def _host_free_bytes() -> int:
@@ -161,8 +82,6 @@ def kv_budget_bytes(*, device: str, weights_bytes: int, bytes_per_token: int, ma
     if kv_cache_gib > 0:
         return max(bytes_per_token, int(kv_cache_gib * 2**30))
     if device.startswith("cuda"):
-        import torch
-
         _free, total = torch.cuda.mem_get_info(torch.device(device))
         reserve = max(256 * 2**20, int(0.02 * total))  # activations of one micro-batch, allocator slack
         return max(bytes_per_token, int(total * MEMORY_UTILIZATION) - weights_bytes - reserve)
@@ -191,8 +110,6 @@ class BatchMeta:
 
     def bias(self, window: int | None, dtype: Any) -> Any:
         """The mask as an additive 0 / -inf tensor (sdpa would convert a bool mask in every layer)."""
-        import torch
-
         if self.biases is None:
             self.biases = {}
         key = (window, dtype)
@@ -213,8 +130,6 @@ class BatchMeta:
         return m
 
     def _window(self, window: int) -> Any:
-        import torch
-
         dev = self.mask.device
         q_pos = self.position_ids[0].index_select(0, self.q_index).view(self.rows, 1, self.q_max, 1)
         kv = torch.arange(self.kv_max, device=dev).view(1, 1, 1, self.kv_max)
@@ -231,8 +146,6 @@ class BatchMeta:
         Returns:
             Keys and values ``[rows, kv_heads, kv_max, head_dim]``.
         """
-        import torch
-
         assert self.cache is not None
         return self.cache.write_and_gather(self, layer_idx, torch.stack((key[0], value[0])).permute(2, 0, 1, 3))  # [T, 2, kv_heads, dim]
 
@@ -256,8 +169,6 @@ def attend(query: Any, key: Any, value: Any, meta: BatchMeta, window: int | None
     Returns:
         ``[T, heads * dim]``.
     """
-    from torch.nn import functional as F
-
     t, heads, dim = query.shape
     kv_heads = key.shape[1]
     b, qm = meta.rows, meta.q_max
@@ -298,8 +209,6 @@ class PagedKvCache:
         dtype: the model's torch dtype (default float32).
         device: where the pool lives.
         """
-        import torch
-
         self.pool = BlockPool(num_blocks, block_size)
         self.block_size = block_size
         self.device = device
@@ -333,8 +242,6 @@ class PagedKvCache:
         self.pool.free(seq)
 
     def _slots(self, seq: str, start: int, end: int) -> Any:
-        import torch
-
         bs = self.block_size
         table = torch.tensor(self.pool.tables[seq], dtype=torch.long)
         t = torch.arange(start, end)
@@ -354,8 +261,6 @@ class PagedKvCache:
             ValueError: if a position does not follow the sequence's cache.
             KvCacheFull: if the blocks do not suffice (nothing is reserved then).
         """
-        import torch
-
         pool, bs = self.pool, self.block_size
         lengths, held_tables = pool.lengths, pool.tables
         extra = []
@@ -423,8 +328,6 @@ class PagedKvCache:
 
     def _aranges(self, n: int) -> tuple[Any, Any, Any]:
         """Host ``arange(m)``, its block index and in-block offset, ``m >= n`` (kept, grown by doubling)."""
-        import torch
-
         if self._arange is None or self._arange[0].shape[0] < n:
             ar = torch.arange(max(256, 1 << (n - 1).bit_length()))
             self._arange = (ar, ar // self.block_size, ar % self.block_size)

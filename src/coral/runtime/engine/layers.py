@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch.nn import functional as F
+
 from coral.runtime.engine.kv_cache import attend
 
 __all__ = ["LeanLayer", "LeanStep"]
@@ -46,8 +49,6 @@ _KNOWN_LAYERS = frozenset({"LlamaDecoderLayer", "Qwen3DecoderLayer", "Qwen3MoeDe
 
 def _rms(x: Any, weight: Any, eps: float) -> Any:
     """``transformers``' RMSNorm: normalise in fp32, cast back, then scale."""
-    import torch
-
     if x.dtype == torch.float32 and weight.dtype == torch.float32:  # the same ops, composed in C++: the same bits
         n = (x.shape[-1],)
         if weight.dim() == 1:
@@ -64,8 +65,6 @@ def _fuse(lins: list[Any]) -> tuple[Any, Any]:
     Returns:
         (weight ``[sum(out), in]``, bias or None).
     """
-    import torch
-
     with torch.no_grad():
         w = torch.cat([lin.weight.data for lin in lins])
         bias = None
@@ -95,8 +94,6 @@ class LeanLayer:
             become views of the fused tensors.
         local_idx: its index in the shard (its KV pool).
         """
-        import torch
-
         attn, mlp = layer.self_attn, layer.mlp
         self.local_idx = local_idx
         self.ln1, self.eps1 = layer.input_layernorm.weight, float(layer.input_layernorm.variance_epsilon)
@@ -142,9 +139,6 @@ class LeanLayer:
         Returns:
             The layer's output ``[T, hidden]``.
         """
-        import torch
-        from torch.nn import functional as F
-
         t = x.shape[0]
         hq, hk, d = self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(_rms(x, self.ln1, self.eps1), self.w_qkv, self.b_qkv)  # [T, (hq + 2 hk) d]
@@ -165,9 +159,6 @@ class LeanLayer:
     @staticmethod
     def _residual(x: Any, a: Any, lin: Any, hooked: bool) -> Any:
         """``x + lin(a)``; one addmm when the projection is a plain bias-free matmul (same bits as the two ops)."""
-        import torch
-        from torch.nn import functional as F
-
         if hooked:
             return x + lin(a)
         if lin.bias is None:
@@ -221,8 +212,6 @@ class LeanStep:
 
     def _rope_table(self, positions: int, like: Any) -> Any:
         """cos and sin' of positions ``[0, n)``, ``n >= positions`` (grown by doubling, built by the rotary module itself)."""
-        import torch
-
         tab = self._table
         if tab is None or tab.shape[0] < positions or tab.dtype != like.dtype or tab.device != like.device:
             n = max(256, 1 << (positions - 1).bit_length())
@@ -265,6 +254,4 @@ class LeanStep:
 
 def _signed_sin(s: Any) -> Any:
     """``[..., 2, half]`` sine halves -> sin' (the first half negated)."""
-    import torch
-
     return torch.stack((-s[..., 0, :], s[..., 1, :]), dim=-2)

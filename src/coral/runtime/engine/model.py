@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from coral.errors import CoralError
+from coral.runtime.protocol import SamplingParams
 
 __all__ = [
     "BUILTIN_CONFIGS",
@@ -140,6 +141,7 @@ def make_config(config: dict[str, Any]) -> Any:
     Raises:
         CoralError: if transformers does not know the model type or rejects a field.
     """
+    # lazy: transformers (runtime extra; processes without layers never load it)
     from transformers import AutoConfig
 
     d = dict(config)
@@ -168,6 +170,7 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 
 def _seeded_tensor(seed: int, name: str, shape: tuple[int, ...], std: float) -> Any:
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
     if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
@@ -188,6 +191,7 @@ def seeded_state_dict(config: dict[str, Any], seed: int) -> dict[str, Any]:
     Returns:
         name -> float32 tensor, for ``AutoModelForCausalLM.from_config(...).load_state_dict``.
     """
+    # lazy: transformers (runtime extra; processes without layers never load it)
     from transformers import AutoModelForCausalLM
 
     cfg = make_config(config)
@@ -210,6 +214,7 @@ class _WeightSource:
         self._files: list[Any] = []
         self._where: dict[str, Any] = {}
         if spec.weights_path is not None:
+            # lazy: safetensors (only for weights from a path)
             from safetensors import safe_open
 
             p = Path(spec.weights_path)
@@ -266,6 +271,7 @@ class Shard:
         Returns:
             A :class:`coral.runtime.engine.kv_cache.PagedKvCache`.
         """
+        # lazy: torch (the configs here load without it)
         from coral.runtime.engine.kv_cache import DEFAULT_BLOCK_SIZE, PagedKvCache, kv_budget_bytes
 
         bs = block_size or DEFAULT_BLOCK_SIZE
@@ -292,8 +298,10 @@ class Shard:
         Raises:
             ValueError: if the input is of the wrong kind.
         """
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
+        # lazy: torch (the configs here load without it)
         from coral.runtime.engine.layers import LeanStep
 
         m = self.model
@@ -315,6 +323,7 @@ class Shard:
 
     def new_cache(self) -> Any:
         """An empty KV cache for one request over this shard's layers."""
+        # lazy: transformers (runtime extra; processes without layers never load it)
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)
@@ -334,6 +343,7 @@ class Shard:
         Raises:
             ValueError: if the position does not follow the cache, or the input is of the wrong kind.
         """
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
         if cache.get_seq_length() != position:
@@ -370,7 +380,10 @@ def load_shard(spec: ShardSpec) -> Shard:
     Raises:
         CoralError: for an unknown architecture, missing weights or a wrong shape.
     """
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
+
+    # lazy: transformers (runtime extra; processes without layers never load it)
     from transformers import AutoModelForCausalLM
 
     full = make_config(spec.config)
@@ -401,6 +414,7 @@ def load_shard(spec: ShardSpec) -> Shard:
 
 def _use_paged_attention(model: Any) -> None:
     """Route the model's attention through ``coral_paged`` (sdpa unless given a batch's metadata)."""
+    # lazy: transformers (runtime extra; processes without layers never load it)
     from transformers import AttentionInterface
 
     AttentionInterface.register("coral_paged", _attention)
@@ -408,8 +422,10 @@ def _use_paged_attention(model: Any) -> None:
 
 
 def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    # lazy: transformers (runtime extra; processes without layers never load it)
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    # lazy: torch (the configs here load without it)
     from coral.runtime.engine.kv_cache import BatchMeta, paged_attention
 
     if isinstance(attention_mask, BatchMeta):
@@ -432,9 +448,8 @@ def select_tokens(logits: Any, temperatures: list[float], seeds: list[int], step
     Returns:
         One token id per row.
     """
+    # lazy: torch (the configs here load without it)
     from coral.runtime.engine.sampling import sample_batch
-    from coral.runtime.protocol import SamplingParams
-
     params = [SamplingParams(temperature=max(0.0, t), seed=s) for t, s in zip(temperatures, seeds, strict=True)]
     return [p.token for p in sample_batch(logits, params, steps)]
 
@@ -451,6 +466,7 @@ def sample(logits: Any, temperature: float, seed: int, step: int) -> int:
     Returns:
         The token id.
     """
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
     if temperature <= 0:

@@ -22,6 +22,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from coral.runtime.engine.blocks import KvCacheFull
 from coral.runtime.protocol import (
     TOKEN_ERROR,
     TOKEN_NO_KV,
@@ -127,6 +128,7 @@ class EngineNode:
         if self.is_last:
             # the sampler needs torch even behind a no-op shard: import it now, not under the
             # first batch (seconds on a busy host, longer than the scheduler's heartbeat timeout)
+            # lazy: torch (a no-op engine never loads it)
             import coral.runtime.engine.sampling  # noqa: F401
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
@@ -236,6 +238,7 @@ class EngineNode:
     def _forward_noop(self, msg: ForwardBatch) -> None:
         """No maths: stand-in logits per item, sampled like real ones (the runtime's own overhead)."""
         if self.is_last:
+            # lazy: torch (runtime extra; processes without layers never load it)
             import torch
 
             # token 3 + (position + step) % 250 far ahead of the rest, so greedy requests get a
@@ -256,6 +259,7 @@ class EngineNode:
 
     def _inputs(self, msg: ForwardBatch) -> Any:
         """The batch's packed hidden states (later stages), from the batch or from its items."""
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
         if self.is_first:
@@ -270,9 +274,8 @@ class EngineNode:
 
     def _forward_batch(self, msg: ForwardBatch) -> None:
         """Run the micro-batch in one pass; rows that cannot run are answered alone."""
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
-
-        from coral.runtime.engine.kv_cache import KvCacheFull
 
         done: list[TokenItem] = []
         errors: list[str] = []
@@ -320,6 +323,7 @@ class EngineNode:
                 rows = [(i.request_id, i.position, len(i.token_ids)) for i in items]
                 flat = [t for i in items for t in i.token_ids] if self.is_first else None
                 if self.tp is not None:
+                    # lazy: torch (a no-op engine never loads it)
                     from coral.runtime.engine.tp import forward_cmd
 
                     self.tp.send(forward_cmd(rows, flat, hidden), *([] if hidden is None else [hidden]))
@@ -352,6 +356,7 @@ class EngineNode:
 
     def _sample(self, items: list[BatchItem], logits: Any, done: list[TokenItem], errors: list[str]) -> None:
         """One :func:`sample_batch` call over the rows' ``[B, V]`` logits, each row with its own parameters."""
+        # lazy: torch (a no-op engine never loads it)
         from coral.runtime.engine.sampling import sample_batch
 
         params = [i.sampling or SamplingParams(temperature=i.temperature, seed=i.seed) for i in items]
@@ -371,6 +376,7 @@ class EngineNode:
 
     def _send_onward(self, msg: ForwardBatch, items: list[BatchItem], out: Any) -> None:
         """Send the packed hidden states to each item's next-stage node (one message per node)."""
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
         nxt = self.stage + 1
@@ -410,6 +416,7 @@ class EngineNode:
                 self.t.send(msg.notify, KvLoaded(request_id=msg.request_id, layer_start=lo, layer_end=hi, error="prefill node has no KV for this request"))
                 continue
             else:
+                # lazy: torch (runtime extra; processes without layers never load it)
                 import torch
 
                 with torch.inference_mode():
@@ -436,6 +443,7 @@ class EngineNode:
         error = ""
         try:
             if not self.noop:
+                # lazy: torch (runtime extra; processes without layers never load it)
                 import torch
 
                 if len(msg.values) != n or msg.layer_start < self.layer_start or hi > self.layer_end:

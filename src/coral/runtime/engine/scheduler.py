@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coral.policy import SmoothWRR
-from coral.runtime.engine.kv_cache import BlockPool
+from coral.runtime.engine.blocks import BlockPool
 from coral.runtime.protocol import (
     TOKEN_NO_KV,
     BatchItem,

@@ -14,12 +14,16 @@ and the step's inputs; every rank then runs the same step. gloo on CPU (tests), 
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import Any
 
 import msgpack
+import torch
+import torch.distributed as dist
 
 from coral.errors import CoralError
+from coral.runtime.engine.kv_cache import PagedKvCache
 
 __all__ = ["TpGroup", "run_follower", "split_for_tp"]
 
@@ -38,10 +42,6 @@ class TpGroup:
             device: this rank's device (NCCL on CUDA, gloo otherwise).
             timeout_s: collective timeout.
         """
-        import datetime
-
-        import torch.distributed as dist
-
         self.rank, self.world, self.device = rank, world, device
         self.backend = "nccl" if device.startswith("cuda") else "gloo"
         dist.init_process_group(self.backend, init_method=init_method, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
@@ -49,9 +49,6 @@ class TpGroup:
 
     def send(self, cmd: dict[str, Any], *tensors: Any) -> None:
         """Rank 0: broadcast a command and its tensors."""
-        import torch
-        import torch.distributed as dist
-
         raw = msgpack.packb(cmd, use_bin_type=True)
         n = torch.tensor([len(raw)], dtype=torch.long, device=self._comm_device)
         dist.broadcast(n, 0)
@@ -61,9 +58,6 @@ class TpGroup:
 
     def recv(self) -> dict[str, Any]:
         """Followers: the next command."""
-        import torch
-        import torch.distributed as dist
-
         n = torch.zeros(1, dtype=torch.long, device=self._comm_device)
         dist.broadcast(n, 0)
         buf = torch.empty(int(n.item()), dtype=torch.uint8, device=self._comm_device)
@@ -73,33 +67,23 @@ class TpGroup:
 
     def recv_tensor(self, shape: list[int], dtype: str) -> Any:
         """Followers: a tensor broadcast by rank 0."""
-        import torch
-        import torch.distributed as dist
-
         t = torch.empty(shape, dtype=getattr(torch, dtype), device=self._comm_device)
         dist.broadcast(t, 0)
         return t
 
     def gather_heads(self, t: Any) -> Any:
         """All ranks: concatenate a ``[1, local_heads, n, d]`` tensor over ranks (result on every rank)."""
-        import torch
-        import torch.distributed as dist
-
         parts = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(parts, t.contiguous())
         return torch.cat(parts, dim=1)
 
     def close(self) -> None:
         """Leave the group."""
-        import torch.distributed as dist
-
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _slice_rows(lin: Any, lo: int, hi: int) -> None:
-    import torch
-
     lin.weight = torch.nn.Parameter(lin.weight.data[lo:hi].clone(), requires_grad=False)
     if lin.bias is not None:
         lin.bias = torch.nn.Parameter(lin.bias.data[lo:hi].clone(), requires_grad=False)
@@ -107,8 +91,6 @@ def _slice_rows(lin: Any, lo: int, hi: int) -> None:
 
 
 def _slice_cols(lin: Any, lo: int, hi: int, keep_bias: bool) -> None:
-    import torch
-
     lin.weight = torch.nn.Parameter(lin.weight.data[:, lo:hi].clone(), requires_grad=False)
     if lin.bias is not None and not keep_bias:
         lin.bias = torch.nn.Parameter(torch.zeros_like(lin.bias.data), requires_grad=False)  # added once, by rank 0
@@ -116,8 +98,6 @@ def _slice_cols(lin: Any, lo: int, hi: int, keep_bias: bool) -> None:
 
 
 def _all_reduce_hook(_mod: Any, _inp: Any, out: Any) -> Any:
-    import torch.distributed as dist
-
     dist.all_reduce(out)
     return out
 
@@ -177,10 +157,6 @@ def run_follower(shard: Any, tp: TpGroup) -> None:
         shard: this rank's part of the shard (see :func:`split_for_tp`).
         tp: the group.
     """
-    import torch
-
-    from coral.runtime.engine.kv_cache import PagedKvCache
-
     init = tp.recv()
     if init.get("op") != "init":
         raise RuntimeError(f"tp follower {tp.rank}: expected init, got {init.get('op')!r}")

@@ -21,6 +21,11 @@ import threading
 import time
 from typing import Any
 
+from coral.runtime.engine import EngineNode, NoopShard, model
+from coral.runtime.engine.scheduler import NodeSlot, Scheduler
+from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES
+from coral.runtime.transport import CurveKeys, ZmqTransport
+
 __all__ = ["main", "run_engine", "run_scheduler"]
 
 
@@ -41,6 +46,7 @@ def _device(name: str, index: int = 0) -> str:
     """The engine's device: ``auto`` and ``cuda`` take GPU ``index`` (modulo the host's GPUs), ``cuda:N`` is kept."""
     if name not in ("auto", "cuda"):
         return name
+    # lazy: torch (runtime extra; processes without layers never load it)
     import torch
 
     if not torch.cuda.is_available():
@@ -51,9 +57,6 @@ def _device(name: str, index: int = 0) -> str:
 
 
 def _transport(spec: dict[str, Any], port: int = 0) -> Any:
-    from coral.runtime.protocol import DEFAULT_MAX_MESSAGE_BYTES
-    from coral.runtime.transport import CurveKeys, ZmqTransport
-
     keys = spec.get("curve_keys_dir")
     return ZmqTransport(
         host=spec.get("host", "127.0.0.1"), port=port, curve=CurveKeys.load(keys) if keys else None,
@@ -71,14 +74,14 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
             node, ``tp`` (rank, world, init_method): rank 0 serves, the others follow.
         parent: the provisioner's pid.
     """
-    from coral.runtime.engine import EngineNode, NoopShard
-
     if "noop" in spec:
         n = spec["noop"]
         shard: Any = NoopShard(n["layer_start"], n["layer_end"], n["num_layers"])
     else:
+        # lazy: torch (runtime extra; processes without layers never load it)
         import torch
 
+        # lazy: torch (a scheduler or no-op engine never loads it)
         from coral.runtime.engine.model import ShardSpec, load_shard
 
         torch.set_num_threads(int(spec.get("threads", 1)))
@@ -88,6 +91,7 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
         s["device"] = _device(s.get("device", "auto"), int(spec.get("device_index", 0)) + rank)
         shard = load_shard(ShardSpec(**s))
         if tp_spec:
+            # lazy: torch (a scheduler or no-op engine never loads it)
             from coral.runtime.engine.tp import TpGroup, run_follower, split_for_tp
 
             tp = TpGroup(rank=rank, world=int(tp_spec["world"]), init_method=tp_spec["init_method"], device=s["device"])
@@ -127,8 +131,6 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
         spec: instance fields, ``nodes`` (NodeSlot fields), ``coordinator``, ``host``, ``port``.
         parent: the provisioner's pid.
     """
-    from coral.runtime.engine.scheduler import NodeSlot, Scheduler
-
     t = _transport(spec, int(spec.get("port", 0)))
     trace_dir = os.environ.get("CORAL_STEP_TRACE", "")  # opt-in: one CSV of micro-batch times per instance
     trace_file = open(os.path.join(trace_dir, f"{spec['instance_id']}.steps.csv"), "a", buffering=1) if trace_dir else None  # noqa: SIM115
@@ -163,11 +165,9 @@ def run_zygote(spec: dict[str, Any]) -> None:
     Args:
         spec: ``model_types`` to pre-import (e.g. ["llama", "qwen3"]).
     """
+    # lazy: transformers (runtime extra; processes without layers never load it)
     import transformers  # noqa: F401 - the point is to import it once
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    from coral.runtime import engine, transport  # noqa: F401
-    from coral.runtime.engine import model
 
     for mt in spec.get("model_types", []):
         try:

@@ -1,6 +1,6 @@
-"""The OpenAI-compatible front end: ASGI app (FastAPI on uvicorn), request models, metrics, tokenizer seam."""
+"""The serving side of the runtime: the coordinator (registry, router, token streams), the
+OpenAI-compatible front end (``app``: FastAPI on uvicorn; ``models``, ``metrics``, ``tokenizer``)
+and ``coral bench`` (``loadgen``).
 
-from coral.runtime.serving.app import ApiServer, ServerOptions, build_app
-from coral.runtime.serving.tokenizer import ByteTokenizer, Tokenizer
-
-__all__ = ["ApiServer", "ByteTokenizer", "ServerOptions", "Tokenizer", "build_app"]
+Nothing is imported here: ``coral bench`` and the coordinator load without FastAPI.
+"""

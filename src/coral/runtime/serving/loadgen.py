@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -47,8 +48,7 @@ _SSL: list[Any] = []
 
 
 def _client(max_connections: int, timeout_s: float) -> Any:
-    import ssl
-
+    # lazy: httpx (runtime extra; `coral --help` lists bench without it)
     import httpx
 
     if not _SSL:  # building the default context (the CA bundle) costs ~25 ms of CPU: once per process
@@ -64,6 +64,7 @@ async def _stream_one(
     client: Any, url: str, model: str, prompt: Sequence[int], max_tokens: int, *,
     api_key: str | None, ignore_eos: bool, t0: float,
 ) -> RequestResult:  # fmt: skip
+    # lazy: httpx (runtime extra; `coral --help` lists bench without it)
     import httpx
 
     body: dict[str, Any] = {
@@ -216,6 +217,7 @@ def server_max_context(url: str, model: str, api_key: str | None = None, timeout
     Raises:
         click.ClickException: if the server cannot be reached or does not serve ``model``.
     """
+    # lazy: httpx (runtime extra; `coral --help` lists bench without it)
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -254,6 +256,7 @@ def workload(
     Returns:
         (arrival seconds, prompt lengths, output lengths).
     """
+    # lazy: numpy / scipy (`coral --help` lists bench without the workload)
     from coral.workload import LognormalLengths, load_trace_file, synthesize
     from coral.workload.lengths import Lognormal
 

@@ -144,6 +144,7 @@ def _message(m: Any) -> dict[str, str]:
 
 
 def _render(template: str, messages: Sequence[Any], add_generation_prompt: bool, bos: str, eos: str) -> str:
+    # lazy: jinja2 (only with a chat template)
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -196,6 +197,7 @@ class HfTokenizer:
         Raises:
             CoralError: if the file is missing or not a tokenizer.
         """
+        # lazy: tokenizers (only with a tokenizer.json)
         from tokenizers import Tokenizer as _Tok
 
         p = Path(path)
