@@ -138,7 +138,7 @@ def test_full_pool_queues_and_preempts_by_recompute(threads: list) -> None:
     for i, expected in enumerate(want):
         assert [] == [m.error for m in got[f"r{i}"] if m.error]
         assert expected == [t for m in got[f"r{i}"] for t in m.tokens]
-    assert inst.scheduler.preempted > 0
+    assert inst.scheduler.core.preempted > 0
 
 
 def test_a_steps_tokens_reach_the_coordinator_in_one_message(threads: list) -> None:
@@ -149,7 +149,7 @@ def test_a_steps_tokens_reach_the_coordinator_in_one_message(threads: list) -> N
     client = InprocTransport(hub, "client")
     raw: list[TokenOut | TokenOuts] = []
     try:
-        assert wait_until(lambda: inst.scheduler.ready, 10)
+        assert wait_until(lambda: inst.scheduler.core.ready, 10)
         _submit_all(client, "M", PROMPTS, 6)
         finished = 0
         while finished < len(PROMPTS) and (m := client.recv(30)) is not None:
@@ -175,7 +175,7 @@ def test_request_larger_than_a_node_pool_is_refused(threads: list) -> None:
     inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 6, 1)], kv_cache_gib=16 * 1536 / 2**30, kv_block_size=4)
     client = InprocTransport(hub, "client")
     try:
-        assert wait_until(lambda: inst.scheduler.ready, 10)
+        assert wait_until(lambda: inst.scheduler.core.ready, 10)
         client.send("M", Submit(request_id="big", prompt=tuple(range(3, 13)), max_tokens=7, temperature=0.0, seed=0, eos_ids=(), reply_to="client"))
         got = collect(client, 1)
     finally:
@@ -200,8 +200,8 @@ def test_lost_node_in_a_data_parallel_stage_is_routed_around(threads: list) -> N
         got = collect(client, len(PROMPTS), timeout_s=60)
     finally:
         inst.stop()
-    assert "" == inst.scheduler.failed
-    assert {(1, 1)} == inst.scheduler.dead
+    assert "" == inst.scheduler.core.failed
+    assert {(1, 1)} == inst.scheduler.core.dead
     want = reference(cfg, 3, PROMPTS, n)
     for i, expected in enumerate(want):
         assert [] == [m.error for m in got[f"r{i}"] if m.error]
@@ -214,13 +214,13 @@ def test_losing_the_only_node_of_a_stage_fails_the_instance(threads: list) -> No
     inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 2, 1), (2, 6, 2)], heartbeat_timeout_s=0.5)
     client = InprocTransport(hub, "client")
     try:
-        assert wait_until(lambda: inst.scheduler.ready, 10)
+        assert wait_until(lambda: inst.scheduler.core.ready, 10)
         inst.engines[0].stop_event.set()
         _submit_all(client, "M", PROMPTS[:2], 200)
         got = collect(client, 2, timeout_s=30)
     finally:
         inst.stop()
-    assert "stage 0 has no node left" in inst.scheduler.failed
+    assert "stage 0 has no node left" in inst.scheduler.core.failed
     assert all(m[-1].retryable and "error" == m[-1].finish_reason for m in got.values())
 
 
@@ -245,7 +245,7 @@ def test_a_long_forward_pass_does_not_look_like_a_dead_node(threads: list) -> No
         got = collect(client, 2, timeout_s=30)
     finally:
         inst.stop()
-    assert "" == inst.scheduler.failed and set() == inst.scheduler.dead
+    assert "" == inst.scheduler.core.failed and set() == inst.scheduler.core.dead
     assert reference(cfg, 3, PROMPTS[:2], 2) == [[t for m in got[f"r{i}"] for t in m.tokens] for i in range(2)]
 
 
@@ -268,12 +268,12 @@ def test_cancelled_in_flight_requests_leave_no_kv_behind(threads: list) -> None:
     first.forward_batch = slow
     client = InprocTransport(hub, "client")
     try:
-        assert wait_until(lambda: inst.scheduler.ready, 10)
+        assert wait_until(lambda: inst.scheduler.core.ready, 10)
         for k in range(3):  # each cancelled while its prefill runs on stage 0
             client.send("M", Submit(request_id=f"c{k}", prompt=(5 + k,) * 40, max_tokens=50, temperature=0.0, seed=0, eos_ids=(), reply_to="client"))
             assert wait_until(lambda k=k: inst.engines[0].items_served > k, 10)  # dispatched: stage 0 is on it
             client.send("M", Cancel(request_ids=(f"c{k}",)))
-            assert wait_until(lambda: not inst.scheduler.reqs, 10)
+            assert wait_until(lambda: not inst.scheduler.core.reqs, 10)
         assert wait_until(lambda: all(0 == e.held_sequences() for e in inst.engines), 10)
         assert all(e.kv.pool.num_free == e.kv.pool.num_blocks for e in inst.engines)
     finally:
@@ -319,7 +319,7 @@ def test_batched_engine_samples_each_row_with_its_own_params_through_preemption(
         assert {} == inst.engines[-1].histories  # dropped with the requests' KV
     finally:
         inst.stop()
-    assert inst.scheduler.preempted > 0
+    assert inst.scheduler.core.preempted > 0
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
         msgs = got[f"r{i}"]
         assert [] == [m.error for m in msgs if m.error]
@@ -341,19 +341,19 @@ def test_batched_engine_samples_each_row_with_its_own_params_through_preemption(
 
 def test_heartbeat_reports_the_fullest_node_kv_usage() -> None:
     """The coordinator's heartbeat carries the scheduler's mirror of its nodes' pools (vllm:kv_cache_usage_perc reads it)."""
-    from coral.runtime.engine.scheduler import NodeSlot, Scheduler
+    from coral.runtime.engine.scheduling import InstanceScheduler, NodeSlot
     from coral.runtime.protocol import Heartbeat
 
-    hub = InprocHub()
-    coord = InprocTransport(hub, "C")
     nodes = [NodeSlot(stage=s, node_index=0, layer_start=s, layer_end=s + 1) for s in range(2)]
-    sched = Scheduler(InprocTransport(hub, "S"), instance_id="S", model="m", phase="mixed", region="r", throughput_tok_per_s=1.0, nodes=nodes, coordinator="C")
-    assert 0.0 == sched.kv_cache_usage()  # no pools announced (no-op engines): nothing to report
-    sched.ledgers = {"a": BlockPool(4, 4), "b": BlockPool(8, 4)}
-    sched._grow(("a", "b"), "x", 7)  # 2 blocks on each node: a is half full, b a quarter
-    sched._beat_coordinator()
-    beat = coord.recv(1.0)
-    assert isinstance(beat, Heartbeat) and 0.5 == beat.kv_cache_usage
+    core = InstanceScheduler(address="S", instance_id="S", model="m", phase="mixed", region="r", throughput_tok_per_s=1.0,
+                             nodes=nodes, coordinator="C")
+    beats = [m for a, m in core.step(0.0) if a == "C"]
+    assert 1 == len(beats) and 0.0 == beats[0].kv_cache_usage  # no pools announced (no-op engines): nothing to report
+    core.kv.announce("a", 4, 4)
+    core.kv.announce("b", 8, 4)
+    core.kv.grow(("a", "b"), "x", 7)  # 2 blocks on each node: a is half full, b a quarter
+    beats = [m for a, m in core.step(1.0) if a == "C"]
+    assert 1 == len(beats) and isinstance(beats[0], Heartbeat) and 0.5 == beats[0].kv_cache_usage
 
 
 def test_penalties_survive_the_prefill_decode_hand_off(threads: list) -> None:

@@ -311,7 +311,7 @@ def test_client_disconnect_cancels_the_request_upstream(api: Api) -> None:
     req = urllib.request.Request(api.url + "/v1/completions", data=body, method="POST", headers={**AUTH, "Content-Type": "application/json"})
     r = urllib.request.urlopen(req, timeout=10)
     assert r.readline().startswith(b"data: ")
-    sched = api.insts[2].scheduler
+    sched = api.insts[2].scheduler.core
     assert wait_until(lambda: len(sched.reqs) == 1, 5)
     r.close()  # the client goes away mid-stream
     assert wait_until(lambda: len(sched.reqs) == 0, 5)  # Cancel reached the scheduler
@@ -326,7 +326,7 @@ def test_non_streaming_client_disconnect_cancels_too(api: Api) -> None:
            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
     s = socket.create_connection((api.server.host, api.server.port), timeout=5)
     s.sendall(req)
-    sched = api.insts[2].scheduler
+    sched = api.insts[2].scheduler.core
     assert wait_until(lambda: len(sched.reqs) == 1, 5)
     s.close()
     assert wait_until(lambda: len(sched.reqs) == 0, 5)

@@ -108,8 +108,7 @@ def test_mixed_instance_continuous_batching_and_eos(threads: list) -> None:
     """More requests than a micro-batch holds; one stops on an eos id."""
     cfg = BUILTIN_CONFIGS["tiny-llama"]
     hub = InprocHub()
-    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 3, 1), (3, 6, 1)])
-    inst.scheduler.max_batch_requests = 2
+    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 3, 1), (3, 6, 1)], max_batch_requests=2)
     client = InprocTransport(hub, "client")
     want = reference(cfg, 3, PROMPTS, 6)
     eos = want[0][2]  # request 0 must stop after its third token

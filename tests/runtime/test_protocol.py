@@ -170,3 +170,20 @@ def test_zmq_transport_round_trip_and_rejects(caplog: pytest.LogCaptureFixture) 
     finally:
         a.close()
         b.close()
+
+
+def test_phases_roles_and_lifecycle_states_travel_as_enums_and_unknown_ones_are_refused() -> None:
+    from coral.policy import Lifecycle
+    from coral.runtime.protocol import Heartbeat, InstanceHello, InstancePhase, Role
+
+    beat = decode(encode(Heartbeat(sender="s", role=Role.SCHEDULER, state=Lifecycle.DRAINING)))
+    assert Role.SCHEDULER is beat.role and Lifecycle.DRAINING is beat.state
+    hello = decode(encode(InstanceHello(instance_id="i", model="m", phase=InstancePhase.DECODE, region="r",
+                                        throughput_tok_per_s=1.0, address="a")))
+    assert InstancePhase.DECODE is hello.phase
+    for bad in ({"@": "Heartbeat", "sender": "s", "role": "nobody"},
+                {"@": "Heartbeat", "sender": "s", "role": "scheduler", "state": "asleep"},
+                {"@": "InstanceHello", "instance_id": "i", "model": "m", "phase": "both", "region": "r",
+                 "throughput_tok_per_s": 1.0, "address": "a"}):
+        with pytest.raises(ProtocolError, match="Invalid enum value"):
+            decode([msgpack.packb(bad)])

@@ -6,6 +6,7 @@ from typing import Any
 
 from coral.runtime.engine.inproc import start_inproc_instance
 from coral.runtime.engine.model import BUILTIN_CONFIGS
+from coral.runtime.engine.scheduling import InstanceScheduler, NodeSlot
 from coral.runtime.protocol import Submit
 from coral.runtime.transport import InprocHub, InprocTransport
 
@@ -15,10 +16,11 @@ from .test_pipeline_inproc import PROMPTS, collect
 def test_every_micro_batch_is_traced_once_with_its_composition(threads: list) -> None:  # noqa: ARG001
     cfg = BUILTIN_CONFIGS["tiny-llama"]
     hub = InprocHub()
-    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 3, 1), (3, 6, 1)])
+    off = InstanceScheduler(address="x", instance_id="x", model="m", phase="mixed", region="r", throughput_tok_per_s=1.0,
+                            nodes=[NodeSlot(stage=0, node_index=0, layer_start=0, layer_end=6)])
+    assert off.step_trace is None  # off unless asked for
     rows: list[tuple[Any, ...]] = []
-    assert inst.scheduler.step_trace is None  # off unless asked for
-    inst.scheduler.step_trace = rows.append  # before the first request: nothing was dispatched yet
+    inst = start_inproc_instance(hub, "M", config=cfg, seed=3, stages=[(0, 3, 1), (3, 6, 1)], step_trace=rows.append)
     client = InprocTransport(hub, "client")
     prompts = PROMPTS[:3]
     n = 4

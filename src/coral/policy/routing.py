@@ -4,8 +4,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from coral.templates.template import Template
+if TYPE_CHECKING:  # for the annotation only: the runtime's processes import the policies without the planner
+    from coral.templates.template import Template
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,9 +17,12 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import Any, Union
 
 import msgspec
+
+from coral.policy.lifecycle import Lifecycle
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -34,6 +37,7 @@ __all__ = [
     "Frames",
     "Heartbeat",
     "InstanceHello",
+    "InstancePhase",
     "KvLoaded",
     "KvPush",
     "KvSend",
@@ -42,6 +46,7 @@ __all__ = [
     "Message",
     "ProtocolError",
     "Release",
+    "Role",
     "SamplingParams",
     "Shutdown",
     "Submit",
@@ -56,6 +61,22 @@ __all__ = [
     "decode",
     "encode",
 ]
+
+class InstancePhase(StrEnum):
+    """What an instance runs: prefill only (hands the KV over), decode only, or both (no hand-off)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    MIXED = "mixed"
+
+
+class Role(StrEnum):
+    """Who sends a :class:`Heartbeat`."""
+
+    ENGINE = "engine"
+    SCHEDULER = "scheduler"
+    COORDINATOR = "coordinator"
+
 
 #: Messages larger than this are rejected by every transport (a KV push of a long prompt
 #: of a large model is the biggest legitimate message; raise it for such deployments).
@@ -372,7 +393,7 @@ class InstanceHello(_Msg, frozen=True):
 
     instance_id: str
     model: str
-    phase: str
+    phase: InstancePhase
     region: str
     throughput_tok_per_s: float
     address: str
@@ -382,14 +403,14 @@ class Heartbeat(_Msg, frozen=True):
     """Liveness, every ``heartbeat_s``: engine <-> scheduler, scheduler <-> coordinator.
 
     A scheduler's heartbeat to the coordinator carries its :class:`InstanceHello` (so a
-    restarted coordinator rebuilds its registry from them), its lifecycle ``state``
-    (``starting``, ``active``, ``draining`` or ``failed``) and the requests it holds.
+    restarted coordinator rebuilds its registry from them), its lifecycle ``state`` (a
+    :class:`~coral.policy.Lifecycle`: starting, active, draining or failed) and the requests it holds.
     """
 
     sender: str  # the sender's inbox address
-    role: str  # "engine" | "scheduler" | "coordinator"
+    role: Role
     instance_id: str = ""
-    state: str = ""
+    state: Lifecycle | None = None  # a scheduler's; engines and the coordinator send none
     in_flight: int = 0
     hello: InstanceHello | None = None
     reason: str = ""  # why a scheduler reports "failed"

@@ -88,3 +88,16 @@ def test_lifecycle_transitions() -> None:
     assert next_state(S.ACTIVE, E.IDLE, in_flight=0) is S.ACTIVE
     with pytest.raises(ValueError, match="in_flight"):
         next_state(S.ACTIVE, E.REMOVE, in_flight=-1)
+
+
+def test_lifecycle_drain_waits_for_the_holders_idle_and_fail_ends_any_live_state() -> None:
+    S, E = Lifecycle, LifecycleEvent
+    # DRAIN: the runtime's coordinator does not know what the instance holds until it says so
+    assert next_state(S.ACTIVE, E.DRAIN, in_flight=0) is S.DRAINING
+    assert next_state(S.ACTIVE, E.DRAIN, in_flight=4) is S.DRAINING
+    assert next_state(S.STARTING, E.DRAIN, in_flight=0) is S.STOPPED  # holds nothing yet
+    assert next_state(S.DRAINING, E.DRAIN, in_flight=2) is S.DRAINING
+    for live in (S.STARTING, S.ACTIVE, S.DRAINING):
+        assert next_state(live, E.FAIL, in_flight=1) is S.FAILED
+    assert next_state(S.STOPPED, E.FAIL, in_flight=0) is S.STOPPED
+    assert next_state(S.FAILED, E.READY, in_flight=0) is S.FAILED

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "BlockPool", "KvCacheFull", "blocks_for"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "BlockPool", "KvCacheFull", "KvMirror", "blocks_for"]
 
 #: Tokens per block; small blocks waste little on short sequences, large ones index less.
 DEFAULT_BLOCK_SIZE = 16
@@ -95,3 +95,51 @@ class BlockPool:
 
     def __contains__(self, seq: object) -> bool:
         return seq in self.tables
+
+
+class KvMirror:
+    """The scheduler's exact mirror of every engine node's KV pool (accounting only, no tensors)."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, BlockPool] = {}  # engine address -> mirror of its pool
+        self.by_kv: dict[str, str] = {}  # kv id -> request id
+
+    def announce(self, address: str, blocks: int, block_size: int) -> None:
+        """A node's hello: mirror its pool (once; a node without a pool is unbounded)."""
+        if blocks > 0 and address not in self.pools:
+            self.pools[address] = BlockPool(blocks, block_size)
+
+    def fits(self, route: tuple[str, ...], kv_id: str, tokens: int) -> bool:
+        """Whether every node of ``route`` can hold ``tokens`` tokens of ``kv_id`` now."""
+        return all(self.pools[a].can_grow(kv_id, tokens) for a in route if a in self.pools)
+
+    def grow(self, route: tuple[str, ...], kv_id: str, tokens: int) -> None:
+        """Reserve ``tokens`` tokens of ``kv_id`` on every node of ``route``."""
+        for a in route:
+            if a in self.pools:
+                self.pools[a].grow(kv_id, tokens)
+
+    def full_node(self, route: tuple[str, ...], kv_id: str, tokens: int) -> str:
+        """The first node of ``route`` that cannot hold ``tokens`` tokens of ``kv_id``."""
+        return next(a for a in route if a in self.pools and not self.pools[a].can_grow(kv_id, tokens))
+
+    def free(self, route: tuple[str, ...], kv_id: str) -> None:
+        """Forget ``kv_id``'s blocks on every node of ``route``."""
+        for a in set(route):
+            if a in self.pools:
+                self.pools[a].free(kv_id)
+        self.by_kv.pop(kv_id, None)
+
+    def holders(self, address: str) -> list[str]:
+        """The KV ids holding blocks on ``address``."""
+        pool = self.pools.get(address)
+        return list(pool.tables) if pool is not None else []
+
+    def usage(self) -> float:
+        """Fraction of KV blocks in use on the fullest node (0 with no-op, unbounded engines)."""
+        return max(((p.num_blocks - p.num_free) / p.num_blocks for p in self.pools.values() if p.num_blocks), default=0.0)
+
+    def capacity_tokens(self) -> int:
+        """Tokens the smallest node pool holds (0 = unbounded)."""
+        caps = [p.capacity_tokens for p in self.pools.values()]
+        return min(caps) if caps else 0

@@ -6,6 +6,7 @@ Same scheduler, engines and wire format as the multi-process runtime, without so
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +60,8 @@ def start_inproc_instance(
     kv_cache_gib: float = 0.0,
     kv_block_size: int = 0,
     heartbeat_timeout_s: float = 2.0,
+    max_batch_requests: int = 64,
+    step_trace: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> InprocInstance:
     """Load an instance's shards and start its scheduler and engines as threads.
 
@@ -68,7 +71,8 @@ def start_inproc_instance(
         config: the model config dict, or None for no-op engines.
         seed: weight seed.
         stages: (layer_start, layer_end, node count or per-node throughputs) per stage.
-        phase, region, model, coordinator, throughput_tok_per_s, micro_batches, heartbeat_timeout_s: see :class:`Scheduler`.
+        phase, region, model, coordinator, throughput_tok_per_s, micro_batches, heartbeat_timeout_s,
+            max_batch_requests, step_trace: see :class:`~coral.runtime.engine.scheduling.InstanceScheduler`.
         kv_cache_gib, kv_block_size: each engine's KV pool (see :class:`EngineNode`).
 
     Returns:
@@ -85,7 +89,7 @@ def start_inproc_instance(
     sch = Scheduler(
         InprocTransport(hub, name), instance_id=name, model=model, phase=phase, region=region,
         throughput_tok_per_s=throughput_tok_per_s, nodes=slots, coordinator=coordinator, micro_batches=micro_batches,
-        heartbeat_timeout_s=heartbeat_timeout_s,
+        heartbeat_timeout_s=heartbeat_timeout_s, max_batch_requests=max_batch_requests, step_trace=step_trace,
     )  # fmt: skip
     engines = []
     for sl in slots:

@@ -35,6 +35,7 @@ from coral.runtime.protocol import (
     KvPush,
     KvSend,
     Release,
+    Role,
     SamplingParams,
     Shutdown,
     TensorBlob,
@@ -142,13 +143,13 @@ class EngineNode:
     def _beat_loop(self) -> None:
         assert self.beat_transport is not None
         while not self.stop_event.wait(self.heartbeat_s):
-            self.beat_transport.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=self.held_sequences()))
+            self.beat_transport.send(self.scheduler, Heartbeat(sender=self.t.address, role=Role.ENGINE, instance_id=self.instance_id, in_flight=self.held_sequences()))
 
     def _beat(self) -> None:
         now = time.monotonic()
         if self.beat_transport is None and now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
-            self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role="engine", instance_id=self.instance_id, in_flight=self.held_sequences()))
+            self.t.send(self.scheduler, Heartbeat(sender=self.t.address, role=Role.ENGINE, instance_id=self.instance_id, in_flight=self.held_sequences()))
         # before the scheduler's first word, allow for its start-up (a fresh process importing
         # its libraries takes seconds on a busy host; engines fork ready-made)
         limit = self.heartbeat_timeout_s if self._scheduler_heard else max(30.0, 10 * self.heartbeat_timeout_s)

@@ -26,7 +26,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,38 +35,32 @@ import msgspec
 from coral.errors import CoralError
 from coral.policy import (
     ROUTERS,
-    Candidate,
     Lifecycle,
     LifecycleEvent,
-    WrrState,
-    choose_decode,
-    least_work,
     next_state,
-    wrr_next,
-    wrr_start,
 )
 from coral.runtime.protocol import (
     Cancel,
     Drain,
     Heartbeat,
     InstanceHello,
+    InstancePhase,
+    Role,
     SamplingParams,
     Shutdown,
     Submit,
     TokenOut,
     TokenOuts,
 )
+from coral.runtime.serving.routing import InstanceView, RouteStates, pick_decode, pick_prefill
 from coral.runtime.transport import Transport
 
 __all__ = [
     "Coordinator",
     "InstanceRecord",
-    "InstanceView",
     "ModelInfo",
     "RequestError",
     "RequestHandle",
-    "pick_decode",
-    "pick_prefill",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,86 +126,6 @@ class RequestHandle:
             self.queue.put(msg)
 
 
-# ------------------------------------------------------------------------- routing
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class InstanceView:
-    """What routing needs to know about one registered instance."""
-
-    instance_id: str
-    model: str
-    phase: str  # "prefill" | "decode" | "mixed"
-    region: str
-    throughput_tok_per_s: float
-    index: int = 0  # a stable integer id (the policy's Candidate.id)
-
-    def __post_init__(self) -> None:
-        if self.phase not in ("prefill", "decode", "mixed"):
-            raise ValueError(f"phase must be prefill, decode or mixed, got {self.phase!r}")
-        if not self.throughput_tok_per_s > 0:
-            raise ValueError(f"throughput_tok_per_s must be positive, got {self.throughput_tok_per_s}")
-
-
-RouteStates = dict[tuple[int, ...], WrrState]
-
-
-def pick_prefill(instances: Sequence[InstanceView], states: RouteStates, *,
-                 load: Mapping[str, float] | None = None, new_work: float = 0.0) -> tuple[InstanceView | None, RouteStates]:
-    """Pick the instance that runs a request's prefill (phase prefill or mixed).
-
-    With `load` (prompt tokens each instance has queued or running), the shared least-work policy
-    (:func:`coral.policy.least_work`: the instance that clears this request soonest at its
-    throughput), as the simulator routes by default; without it, smooth WRR ∝ throughput.
-
-    Args:
-        instances: the model's instances that take new requests.
-        states: WRR state per candidate group (keyed by the group's indices); not modified.
-        load: instance id -> outstanding prompt tokens (least-work routing); None: WRR.
-        new_work: the request's prompt tokens.
-
-    Returns:
-        (the instance, or None if none is prefill-capable; the updated states).
-    """
-    group = [i for i in instances if i.phase in ("prefill", "mixed")]
-    if not group:
-        return None, states
-    if load is not None:
-        k = least_work([load.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], new_work)
-        return group[k], states
-    key = tuple(i.index for i in group)
-    i, st = wrr_next(states.get(key) or wrr_start([g.throughput_tok_per_s for g in group]))
-    return group[i], {**states, key: st}
-
-
-def pick_decode(instances: Sequence[InstanceView], region: str, states: RouteStates, *,
-                held: Mapping[str, float] | None = None) -> tuple[InstanceView | None, RouteStates]:
-    """Pick the decode instance for a request prefilled in ``region``.
-
-    With `held` (sequences each decode instance holds), least work among the prefill's region's
-    instances (held per unit of throughput), else among all; without it
-    :func:`coral.policy.choose_decode` (same region first, WRR ∝ throughput).
-
-    Args:
-        instances: the model's instances that take new requests.
-        region: the prefill instance's region.
-        states: WRR state per candidate group; not modified.
-        held: instance id -> sequences it holds (least-work routing); None: WRR.
-
-    Returns:
-        (a decode-phase instance, or None if there is none; the updated states).
-    """
-    decode = [i for i in instances if i.phase == "decode"]
-    if held is not None:
-        if not decode:
-            return None, states
-        group = [i for i in decode if i.region == region] or decode
-        k = least_work([held.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], 1.0)
-        return group[k], states
-    chosen, states = choose_decode([Candidate(id=i.index, region=i.region, weight=i.throughput_tok_per_s) for i in decode], region, states)
-    return next((i for i in decode if i.index == chosen), None), states
-
-
 @dataclass(slots=True)
 class InstanceRecord:
     """The coordinator's registry entry of one instance."""
@@ -222,7 +136,7 @@ class InstanceRecord:
     last_seen: float
     t_registered: float
     reported_in_flight: int = 0
-    reported_state: str = ""  # the scheduler's own view (heartbeat)
+    reported_state: Lifecycle | None = None  # the scheduler's own view (heartbeat)
     reported_waiting: int = 0
     reported_kv_usage: float = 0.0
     t_first_request: float = 0.0
@@ -330,7 +244,7 @@ class Coordinator:
         with self._lock:
             if now - self._last_beat >= self.heartbeat_s:
                 self._last_beat = now
-                beat = Heartbeat(sender=self.t.address, role="coordinator")
+                beat = Heartbeat(sender=self.t.address, role=Role.COORDINATOR)
                 for rec in self.instances.values():
                     self.t.send(rec.address, beat)
             for iid, rec in list(self.instances.items()):
@@ -392,20 +306,20 @@ class Coordinator:
             self._event(msg.instance_id, "ready" if state is Lifecycle.ACTIVE else "re-registered draining")
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
-        if msg.role != "scheduler":
+        if msg.role is not Role.SCHEDULER:
             return
         with self._lock:
             rec = self.instances.get(msg.instance_id)
-            if msg.state == "failed":
+            if msg.state is Lifecycle.FAILED:
                 if rec is not None:
                     self._lost(msg.instance_id, msg.reason or "instance reported failed")
                 return
             if rec is None:
                 if msg.instance_id in self.retired:
                     self.t.send(msg.sender, Shutdown(reason="instance retired"))
-                elif msg.hello is not None and msg.state in ("active", "draining") and msg.hello.model in self.models:
+                elif msg.hello is not None and msg.state in (Lifecycle.ACTIVE, Lifecycle.DRAINING) and msg.hello.model in self.models:
                     # a restarted coordinator: rebuild the registry from the instances' heartbeats
-                    self.register(msg.hello, Lifecycle.DRAINING if msg.state == "draining" else Lifecycle.ACTIVE)
+                    self.register(msg.hello, Lifecycle.DRAINING if msg.state is Lifecycle.DRAINING else Lifecycle.ACTIVE)
                     rec = self.instances.get(msg.instance_id)
                 if rec is None:
                     return
@@ -420,6 +334,7 @@ class Coordinator:
         rec = self.instances.pop(iid, None)
         if rec is None:
             return
+        rec.state = next_state(rec.state, LifecycleEvent.FAIL, in_flight=self._load(iid))
         self.retired[iid] = f"lost: {reason}"
         self._event(iid, f"lost ({reason})")
         for h in [h for h in self._wire.values() if iid in (h.instance_id, h.decode_instance)]:
@@ -439,9 +354,9 @@ class Coordinator:
             if rec is None:
                 return False
             if rec.state is Lifecycle.ACTIVE:
-                # the policy would stop an idle instance at once; we still wait for the
-                # scheduler's own count (a request may be on its way) - see tick()
-                rec.state = Lifecycle.DRAINING
+                # DRAIN, not REMOVE: even an instance idle by our count stops only on the scheduler's
+                # own count (a request may be on its way) - see tick()
+                rec.state = next_state(rec.state, LifecycleEvent.DRAIN, in_flight=self._load(iid))
                 rec.t_drain = time.monotonic()
                 self.load_at_drain[iid] = self._load(iid)
                 self.t.send(rec.address, Drain(reason=reason))
@@ -498,7 +413,7 @@ class Coordinator:
     def can_serve(self, model: str) -> bool:
         """Whether ``model`` has an active prefill-capable instance."""
         with self._lock:
-            return any(r.view.model == model and r.view.phase != "decode" and r.state is Lifecycle.ACTIVE for r in self.instances.values())
+            return any(r.view.model == model and r.view.phase is not InstancePhase.DECODE and r.state is Lifecycle.ACTIVE for r in self.instances.values())
 
     def observe_demand(self) -> dict[str, dict[str, float]]:
         """Tokens/s per model and phase since the last call (prefill: prompt tokens; decode: generated).
@@ -598,7 +513,7 @@ class Coordinator:
         if pre is None:
             return False
         dec = None
-        if pre.phase == "prefill":
+        if pre.phase is InstancePhase.PREFILL:
             dec, states = pick_decode(views, pre.region, states, held=held)
         self._routes[h.model] = states
         h.instance_id, h.decode_instance = pre.instance_id, dec.instance_id if dec is not None else ""

@@ -1,0 +1,240 @@
+"""The instance scheduler's decisions without a socket, a thread or a sleep: events and times go in,
+the messages it decides come out (which requests to batch, which KV blocks, what to preempt, what to
+hand off, when a node is lost)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coral.policy import Lifecycle
+from coral.runtime.engine.scheduling import InstanceScheduler, NodeSlot, Send
+from coral.runtime.protocol import (
+    Cancel,
+    DecodeAdmit,
+    Drain,
+    EngineHello,
+    ForwardBatch,
+    ForwardResult,
+    Heartbeat,
+    InstanceHello,
+    InstancePhase,
+    KvLoaded,
+    KvSend,
+    KvSource,
+    Release,
+    Role,
+    Shutdown,
+    Submit,
+    TokenItem,
+    TokenOut,
+    TokenOuts,
+    encode,
+)
+
+
+def scheduler(stages: list[int], *, phase: str = "mixed", **kw: Any) -> InstanceScheduler:
+    """A scheduler of stages with the given node counts, 2 layers each, named S, reporting to C."""
+    nodes = [NodeSlot(stage=s, node_index=k, layer_start=2 * s, layer_end=2 * s + 2) for s, n in enumerate(stages) for k in range(n)]
+    return InstanceScheduler(address="S", instance_id="S", model="m", phase=phase, region="r", throughput_tok_per_s=1.0,
+                             nodes=nodes, coordinator="C", **kw)
+
+
+def hello_all(sch: InstanceScheduler, now: float = 0.0, blocks: int = 0, block_size: int = 4) -> list[Send]:
+    out: list[Send] = []
+    for (s, k), slot in sorted(sch.slots.items()):
+        out += sch.handle(EngineHello(instance_id="S", stage=s, node_index=k, address=f"n{s}{k}", layer_start=slot.layer_start,
+                                      layer_end=slot.layer_end, kv_blocks=blocks, kv_block_size=block_size), now)
+    return out
+
+
+def submit(rid: str, prompt: tuple[int, ...] = (1, 2, 3), max_tokens: int = 2, decode_to: str = "") -> Submit:
+    return Submit(request_id=rid, prompt=prompt, max_tokens=max_tokens, temperature=0.0, seed=0, eos_ids=(9,), reply_to="C",
+                  decode_to=decode_to)
+
+
+def of(out: list[Send], kind: type, to: str | None = None) -> list[Any]:
+    return [m for a, m in out if isinstance(m, kind) and (to is None or a == to)]
+
+
+def tokens(out: list[Send]) -> list[TokenOut]:
+    """Every TokenOut sent, with the step's batched TokenOuts unpacked."""
+    flat: list[TokenOut] = []
+    for m in of(out, TokenOut) + of(out, TokenOuts):
+        flat += list(m.outs) if isinstance(m, TokenOuts) else [m]
+    return flat
+
+
+def result(batch: ForwardBatch, token: int) -> ForwardResult:
+    return ForwardResult(batch_id=batch.batch_id, items=tuple(TokenItem(request_id=i.request_id, token=token) for i in batch.items))
+
+
+def test_nothing_is_batched_before_every_node_is_up_then_it_registers_once() -> None:
+    sch = scheduler([1, 1])
+    sch.handle(submit("a"), 0.0)
+    assert [] == of(sch.step(0.0), ForwardBatch)
+    assert Lifecycle.STARTING is sch.state
+    out = hello_all(sch)
+    assert [InstanceHello(instance_id="S", model="m", phase=InstancePhase.MIXED, region="r", throughput_tok_per_s=1.0, address="S")] == of(out, InstanceHello, "C")
+    assert Lifecycle.ACTIVE is sch.state
+    batches = of(sch.step(0.1), ForwardBatch, "n00")
+    assert 1 == len(batches) and ("a",) == tuple(i.request_id for i in batches[0].items)
+    assert "S" == batches[0].reply_to and ("n00", "n10") == batches[0].items[0].route
+
+
+def test_requests_spread_over_the_micro_batch_groups_and_respect_the_batch_limits() -> None:
+    sch = scheduler([1, 1], max_batch_requests=2)  # 2 stages: 2 groups in flight
+    hello_all(sch)
+    for i in range(5):
+        sch.handle(submit(f"r{i}"), 0.0)
+    batches = of(sch.step(0.0), ForwardBatch)
+    # ceil(5 / 2 groups) = 3 per group, capped at 2 requests per micro-batch, first come first served
+    assert [["r0", "r1"], ["r2", "r3"]] == [[i.request_id for i in b.items] for b in batches]
+    assert ["r4"] == list(sch.waiting)
+    assert [] == of(sch.step(0.5), ForwardBatch)  # both groups busy: nothing more goes out
+
+
+def test_a_result_streams_tokens_re_forms_the_group_and_a_finished_request_releases_its_kv() -> None:
+    sch = scheduler([1])
+    hello_all(sch)
+    sch.handle(submit("a", max_tokens=2), 0.0)
+    (first,) = of(sch.step(0.0), ForwardBatch)
+    assert (1, 2, 3) == first.items[0].token_ids and 0 == first.items[0].position
+    out = sch.handle(result(first, 7), 0.2)
+    assert [TokenOut(request_id="a", tokens=(7,), finished=False, queue_s=0.0)] == tokens(out)
+    (second,) = of(sch.step(0.2), ForwardBatch)
+    assert (7,) == second.items[0].token_ids and 3 == second.items[0].position  # the group re-formed: one new token
+    out = sch.handle(result(second, 8), 0.3)
+    assert [("a", (8,), True, "length")] == [(t.request_id, t.tokens, t.finished, t.finish_reason) for t in tokens(out)]
+    assert [Release(request_ids=("a",))] == of(out, Release, "n00")
+    assert {} == sch.reqs and 1 == sch.completed
+
+
+def test_a_request_that_can_never_fit_a_node_is_refused_at_submission() -> None:
+    sch = scheduler([1])
+    hello_all(sch, blocks=2, block_size=4)  # 8 tokens per node
+    out = sch.handle(submit("big", prompt=(1,) * 6, max_tokens=3), 0.0)
+    (err,) = tokens(out)
+    assert err.finished and "error" == err.finish_reason and not err.retryable
+    assert "exceeds the KV cache of a node of instance S (8 tokens)" in err.error
+
+
+def test_when_a_node_is_full_the_youngest_request_is_preempted_by_recompute() -> None:
+    sch = scheduler([1])
+    hello_all(sch, blocks=2, block_size=4)  # 8 tokens on the one node
+    sch.handle(submit("old", prompt=(1, 2, 3, 4), max_tokens=3), 0.0)
+    sch.handle(submit("young", prompt=(5, 6, 7, 8), max_tokens=3), 0.0)
+    (batch,) = of(sch.step(0.0), ForwardBatch)
+    assert ["old", "young"] == [i.request_id for i in batch.items]  # one block each: the pool is full
+    assert 2 == len(tokens(sch.handle(result(batch, 11), 0.1)))
+    out = sch.step(0.1)  # both need a second block for their next token; one block can be had
+    assert [Release(request_ids=("young",))] == of(out, Release, "n00")
+    assert 1 == sch.preempted
+    (batch,) = of(out, ForwardBatch)
+    assert ["old"] == [i.request_id for i in batch.items]
+    young = sch.reqs["young"]
+    # back at the front of the queue: its prompt plus the token it made, under a new KV id
+    assert ((5, 6, 7, 8, 11), 0, "young~1") == (young.pending, young.position, young.kv_id)
+    assert ["young"] == list(sch.waiting)
+
+
+def test_prefill_hands_off_after_the_first_token_and_decode_pulls_the_kv_before_decoding() -> None:
+    pre = scheduler([1, 1], phase="prefill")
+    hello_all(pre)
+    pre.handle(submit("a", max_tokens=3, decode_to="D"), 0.0)
+    (batch,) = of(pre.step(0.0), ForwardBatch)
+    out = pre.handle(result(batch, 7), 0.1)
+    (admit,) = of(out, DecodeAdmit, "D")
+    assert (7,) == admit.generated and ["n00", "n10"] == [s.address for s in admit.sources]
+    assert 1 == len(tokens(out)) and {} == pre.reqs  # the first token went to the client, the request left
+    # the decode instance: 2 stages of 4 and 2 layers, unlike the prefill's 2 + 2
+    nodes = [NodeSlot(stage=0, node_index=0, layer_start=0, layer_end=3), NodeSlot(stage=1, node_index=0, layer_start=3, layer_end=4)]
+    dec = InstanceScheduler(address="D", instance_id="D", model="m", phase="decode", region="r", throughput_tok_per_s=1.0,
+                            nodes=nodes, coordinator="C")
+    for n in nodes:
+        dec.handle(EngineHello(instance_id="D", stage=n.stage, node_index=0, address=f"d{n.stage}", layer_start=n.layer_start,
+                               layer_end=n.layer_end), 0.2)
+    dec.handle(admit, 0.2)
+    out = dec.step(0.2)
+    sends = {a: m for a, m in out if isinstance(m, KvSend)}
+    assert {"n00": [("d0", 0, 3)], "n10": [("d0", 0, 3), ("d1", 3, 4)]} == {
+        a: [(t.address, t.layer_start, t.layer_end) for t in m.targets] for a, m in sends.items()}
+    assert [] == of(out, ForwardBatch)  # no decoding before every layer is in place
+    dec.handle(KvLoaded(request_id="a", layer_start=0, layer_end=3), 0.3)
+    assert [] == of(dec.step(0.3), ForwardBatch)
+    dec.handle(KvLoaded(request_id="a", layer_start=3, layer_end=4), 0.4)
+    (first,) = of(dec.step(0.4), ForwardBatch)
+    assert (7,) == first.items[0].token_ids and 3 == first.items[0].position and (1, 2, 3) == first.items[0].history
+
+
+def test_a_kv_hand_off_that_never_arrives_fails_after_the_timeout() -> None:
+    dec = scheduler([1], phase="decode", kv_timeout_s=5.0, heartbeat_timeout_s=0.0)
+    hello_all(dec)
+    src = (KvSource(address="p", layer_start=0, layer_end=2),)
+    dec.handle(DecodeAdmit(submit=submit("a"), generated=(7,), sources=src), 1.0)
+    dec.step(1.0)
+    assert [] == tokens(dec.step(5.9))
+    (err,) = tokens(dec.step(6.1))
+    assert "KV transfer timed out" == err.error and err.finished
+
+
+def test_a_silent_node_with_a_sibling_is_routed_around_and_a_silent_stage_fails_the_instance() -> None:
+    sch = scheduler([1, 2], heartbeat_timeout_s=2.0)
+    hello_all(sch, now=0.0)
+    sch.handle(submit("a"), 0.0)
+    sch.step(0.0)
+    for t in (1.0, 2.0, 3.0):  # n00 and n10 keep beating, n11 is silent from 0 s on
+        for node in ("n00", "n10"):
+            sch.handle(Heartbeat(sender=node, role=Role.ENGINE), t)
+    sch.step(3.0)
+    assert {(1, 1)} == sch.dead and Lifecycle.ACTIVE is sch.state and "" == sch.failed
+    sch.handle(Heartbeat(sender="n10", role=Role.ENGINE), 4.0)
+    out = sch.step(5.5)  # n00, stage 0's only node, last beat at 3 s
+    assert Lifecycle.FAILED is sch.state and "stage 0 has no node left" in sch.failed and sch.stopped
+    assert [True] == [t.retryable for t in tokens(out)]  # the coordinator retries it elsewhere
+    assert [Shutdown(reason=f"instance failed: {sch.failed}")] == of(out, Shutdown, "n10")
+    beat = of(out, Heartbeat, "C")[-1]
+    assert Lifecycle.FAILED is beat.state and sch.failed == beat.reason
+
+
+def test_drain_refuses_new_requests_and_reports_draining_through_next_state() -> None:
+    sch = scheduler([1])
+    hello_all(sch)
+    sch.handle(submit("a"), 0.0)
+    out = sch.handle(Drain(reason="scale down"), 0.1)
+    assert Lifecycle.DRAINING is sch.state
+    (beat,) = of(out, Heartbeat, "C")
+    assert Lifecycle.DRAINING is beat.state and 1 == beat.in_flight
+    (err,) = tokens(sch.handle(submit("b"), 0.2))
+    assert err.retryable and "instance S is draining" == err.error
+    assert ["a"] == [i.request_id for b in of(sch.step(0.3), ForwardBatch) for i in b.items]  # what it holds, it finishes
+
+
+def test_cancel_drops_the_request_and_its_kv_and_shutdown_stops_every_node() -> None:
+    sch = scheduler([1, 1])
+    hello_all(sch)
+    sch.handle(submit("a"), 0.0)
+    sch.step(0.0)
+    out = sch.handle(Cancel(request_ids=("a",)), 0.1)
+    assert {"n00", "n10"} == {a for a, m in out if isinstance(m, Release)} and {} == sch.reqs
+    out = sch.handle(Shutdown(reason="drained"), 0.2)
+    assert {"n00", "n10"} == {a for a, _ in out} and sch.stopped
+    assert [] == sch.step(0.3)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_same_events_and_times_give_the_same_messages_byte_for_byte(seed: int) -> None:
+    def run() -> list[bytes]:
+        sch = scheduler([1, 2], max_batch_requests=3)
+        wire = [b"".join(bytes(f) for f in encode(m)) for _, m in hello_all(sch, blocks=16)]
+        for i in range(6):
+            wire += [b"".join(bytes(f) for f in encode(m)) for _, m in sch.handle(submit(f"r{seed}-{i}", max_tokens=2 + i % 2), 0.01 * i)]
+        for t in range(8):
+            out = sch.step(0.1 * t)
+            wire += [b"".join(bytes(f) for f in encode(m)) for _, m in out]
+            for b in of(out, ForwardBatch):
+                wire += [b"".join(bytes(f) for f in encode(m)) for _, m in sch.handle(result(b, 5 + t), 0.1 * t + 0.05)]
+        return wire
+
+    first, second = run(), run()
+    assert first == second and len(first) > 20
