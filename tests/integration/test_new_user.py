@@ -295,6 +295,18 @@ def test_scenario_init_writes_a_valid_starter_and_never_overwrites(tmp_path: Pat
     assert "mine" == p.read_text()
 
 
+def test_the_starter_plans_as_written(tmp_path: Path, cache: Path):
+    # issue 26, item 4: what `coral scenario init` writes is solved by `coral plan` without an edit
+    p = tmp_path / "my.yaml"
+    assert 0 == run("scenario", "init", str(p)).exit_code
+    r = run("plan", str(p), "--json")
+    assert 0 == r.exit_code, r.output
+    data = json.loads(r.stdout)
+    assert "my-scenario" == data["scenario"]
+    assert 1.0 == pytest.approx(data["alpha"])
+    assert data["cost_usd_per_h"] > 0
+
+
 # -- 4: results in a pipe ---------------------------------------------------------------------------
 
 def test_pipe_output_keeps_lines_and_names_whole(tmp_path: Path, cache: Path):
