@@ -370,3 +370,51 @@ def test_scenario_is_a_positional_argument_with_scenario_as_alias(tmp_path: Path
 def test_scenario_named_wrongly_is_one_line(args: list[str], message: str):
     r = run(*args)
     clean_error(r, 2, message)
+
+
+# -- issue 26, item 5: --verify says what it checked -------------------------------------------------
+
+def _verdicts(decode: float, joint: float):
+    from coral.experiments import verify as verify_mod
+
+    # decode below its phase target (97.5 %) while the model's joint target (95 %) holds or not
+    return [verify_mod.Verdict(model="phi-4", phase=Phase.PREFILL, attainment=0.99, phase_target=0.975,
+                               model_attainment=joint, model_target=0.95, requests=400),
+            verify_mod.Verdict(model="phi-4", phase=Phase.DECODE, attainment=decode, phase_target=0.975,
+                               model_attainment=joint, model_target=0.95, requests=400)]
+
+
+def test_verify_marks_a_phase_below_its_target_and_says_whether_the_model_holds(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch):
+    from coral.experiments import verify as verify_mod
+
+    scen = str(tiny(tmp_path))
+    monkeypatch.setattr(verify_mod, "verify_plan", lambda setup, plan, **kw: _verdicts(0.96, 0.955))
+    r = run("plan", scen, "--verify")
+    assert 0 == r.exit_code, r.output
+    text = " ".join(r.stdout.split())
+    assert "│ phi-4 │ decode │ TPOT │ 96.0% │ 97.5% │ below │" in text
+    assert "│ phi-4 │ prefill │ TTFT │ 99.0% │ 97.5% │ ok │" in text
+    assert "phi-4: 95.5% of 400 requests meet both SLOs; target 95% holds" in text
+    assert "below: the phase misses the share it was sized for" in text
+    data = json.loads(run("plan", scen, "--verify", "--json").stdout)
+    pairs = {p["phase"]: p for p in data["verification"][0]["pairs"]}
+    assert (False, True) == (pairs["decode"]["phase_ok"], pairs["decode"]["model_ok"])
+    assert (True, True) == (pairs["prefill"]["phase_ok"], pairs["prefill"]["model_ok"])
+    monkeypatch.setattr(verify_mod, "verify_plan", lambda setup, plan, **kw: _verdicts(0.90, 0.89))
+    r = run("plan", scen, "--verify")
+    assert 3 == r.exit_code
+    assert "phi-4: 89.0% of 400 requests meet both SLOs; target 95% MISSED" in " ".join(r.stdout.split())
+
+
+def test_attainment_plot_marks_an_unreachable_point():
+    import matplotlib.pyplot as plt
+
+    from coral.experiments.verify import attainment_figure
+
+    fig = attainment_figure([(0.5, 12.0), (0.9, 21.0), (0.99, None)], "t")
+    ax = fig.axes[0]
+    assert ["$12", "$21", "99.0%: unreachable "] == [t.get_text() for t in ax.texts]
+    assert [99.0, 99.0] == list(ax.lines[-2].get_xdata())  # the dotted line at 99 %
+    assert [50.0, 90.0] == list(ax.lines[0].get_xdata())  # the reachable points, joined
+    plt.close(fig)
