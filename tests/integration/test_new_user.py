@@ -418,3 +418,44 @@ def test_attainment_plot_marks_an_unreachable_point():
     assert [99.0, 99.0] == list(ax.lines[-2].get_xdata())  # the dotted line at 99 %
     assert [50.0, 90.0] == list(ax.lines[0].get_xdata())  # the reachable points, joined
     plt.close(fig)
+
+
+# -- issue 26, item 7: the wrong kind of file ---------------------------------------------------------
+
+def test_a_cluster_file_or_a_plan_given_as_scenario_is_named(tmp_path: Path, cache: Path):
+    cluster = REPO / "examples" / "cluster-tiny.yaml"
+    for args in (["plan", str(cluster)], ["scenario", "show", str(cluster)]):
+        r = run(*args)
+        clean_error(r, 2, f"{cluster} is a cluster file (for `coral serve --config`", "not a scenario file")
+        assert 1 == len(r.output.strip().splitlines())
+    out = tmp_path / "plan.json"
+    assert 0 == run("plan", str(tiny(tmp_path)), "--out", str(out)).exit_code
+    clean_error(run("plan", str(out)), 2, f"{out} is a plan file (written by `coral plan --out`", "not a scenario file")
+    from coral.file_kinds import MARKERS
+
+    assert MARKERS["plan"] <= set(json.loads(out.read_text()))  # the markers are a plan file's keys
+
+
+def test_a_scenario_given_as_cluster_file_is_named(tmp_path: Path):
+    _needs_runtime()
+    scen = tiny(tmp_path)
+    r = run("serve", "--config", str(scen))
+    clean_error(r, 2, f"{scen} is a scenario file (for `coral plan`, `simulate` and `scenario show`), "
+                      "not a cluster file")
+    assert 1 == len(r.output.strip().splitlines())
+    assert "Extra inputs are not permitted" not in r.output
+
+
+def test_file_kind_markers_are_fields_of_their_own_kind_only():
+    from coral.file_kinds import MARKERS, file_kind
+    from coral.runtime.cluster_config import ClusterFile
+    from coral.scenario.schema import ScenarioFile
+
+    fields = {"scenario": set(ScenarioFile.model_fields), "cluster": set(ClusterFile.model_fields)}
+    for kind, keys in fields.items():
+        assert MARKERS[kind] <= keys, kind
+    for kind, markers in MARKERS.items():  # (the plan's markers are checked on a written plan above)
+        for other, keys in fields.items():
+            assert other == kind or not markers & keys, (kind, other)
+    assert file_kind(yaml.safe_load((REPO / "examples" / "cluster-tiny.yaml").read_text())) == "cluster"
+    assert file_kind({"models": []}) is None  # both kinds have models: not enough to say
