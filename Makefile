@@ -43,6 +43,7 @@ calibrate: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/mypy src
 
 clean:

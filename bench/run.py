@@ -297,8 +297,8 @@ def _resident_replan(s: Any, epochs: int) -> None:
     from coral.allocator.demand import offered_demand
     from coral.cache import default_cache_dir
     from coral.perf.model import Phase
-    from coral.runtime.cluster_config import ServedModel
-    from coral.runtime.planner import PlanPlanner
+    from coral.runtime.deploy.cluster_config import ServedModel
+    from coral.runtime.deploy.planner import PlanPlanner
     from coral.templates.library import build_library
 
     lib = build_library(s, cache_dir=default_cache_dir())

@@ -40,7 +40,7 @@ EXIT_INFEASIBLE = 4  # the input is valid but no plan serves any of the demand; 
 
 class UserError(click.ClickException):
     """A CoralError raised out of a command that may run outside the `coral` group (`coral serve`
-    as `python -m coral.runtime.cli`, a test invoking the command itself): click prints it as one
+    as `python -m coral.runtime.deploy.serve_cli`, a test invoking the command itself): click prints it as one
     line, `Error: ...`, with the same exit code 2."""
 
     exit_code = EXIT_USAGE

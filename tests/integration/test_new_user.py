@@ -328,9 +328,9 @@ def test_readme_names_both_demos_and_calls_tables_tables():
 
 
 def test_runtime_commands_exit_2_outside_the_coral_group_too(tmp_path: Path):
-    # `python -m coral.runtime.cli` and tests invoke these commands without the `coral` group
+    # `python -m coral.runtime.deploy.serve_cli` and tests invoke these commands without the `coral` group
     _needs_runtime()
-    from coral.runtime.cli import keys, serve
+    from coral.runtime.deploy.serve_cli import keys, serve
 
     r = CliRunner().invoke(serve, ["--config", str(tmp_path / "missing.yaml")])
     clean_error(r, 2, "not found")

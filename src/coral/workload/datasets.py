@@ -7,7 +7,8 @@ from pathlib import Path
 
 from coral.errors import CoralError
 from coral.workload.lengths import AZURE_CODE_LENGTHS, AZURE_CONV_LENGTHS, LognormalLengths
-from coral.workload.loaders import LoadedTrace, load_trace_file
+from coral.workload.loaders import load_trace_file
+from coral.workload.trace import LoadedTrace
 
 DATA_DIR_ENV = "CORAL_DATA_DIR"
 

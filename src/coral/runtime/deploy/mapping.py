@@ -49,7 +49,7 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
 
 
 def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
-    """Every running instance of the plan (count expanded) as a `coral.runtime.cluster_config.InstanceSpec`.
+    """Every running instance of the plan (count expanded) as a `coral.runtime.deploy.cluster_config.InstanceSpec`.
 
     Args:
         plan: the plan file.
@@ -58,7 +58,7 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     Raises:
         CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
     """
-    from coral.runtime.cluster_config import InstanceSpec, StageSpec
+    from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 
     specs = []
     for inst in plan.instances:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coral.runtime.engine import EngineNode, NoopShard
-from coral.runtime.scheduler import NodeSlot, Scheduler
+from coral.runtime.engine.scheduler import NodeSlot, Scheduler
 from coral.runtime.transport import InprocHub, InprocTransport
 
 __all__ = ["InprocInstance", "start_inproc_instance"]
@@ -74,7 +74,7 @@ def start_inproc_instance(
     Returns:
         The running instance (call :meth:`InprocInstance.stop`).
     """
-    from coral.runtime.model import ShardSpec, load_shard
+    from coral.runtime.engine.model import ShardSpec, load_shard
 
     slots = []
     for s, (lo, hi, nodes) in enumerate(stages):

@@ -19,7 +19,7 @@ from coral.catalog.models import ModelSpec, from_hf_config
 from coral.errors import CoralError
 from coral.file_kinds import wrong_kind
 from coral.perf.model import Phase
-from coral.runtime.model import model_config_dict
+from coral.runtime.engine.model import model_config_dict
 
 __all__ = [
     "MIXED",

@@ -43,9 +43,9 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
           plan_path: str | None = None, scenario_name: str | None = None, provisioner_name: str = "local",
           ray_address: str | None = None, dry_run: bool = False) -> None:
     """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
-    from coral.runtime.cluster_config import load_cluster
+    from coral.runtime.deploy.cluster_config import load_cluster
     from coral.runtime.deploy.deployment import Deployment
-    from coral.runtime.provisioner import LocalProvisioner
+    from coral.runtime.deploy.provisioner import LocalProvisioner
 
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:  # a missing or malformed cluster file, a cluster that does not start: one line, exit 2
@@ -81,11 +81,11 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
             provisioner.check_capacity(cluster.instances)
         planner: Any = None
         if cluster.planner == "allocator" and plan_file is not None:
-            from coral.runtime.planner import PlanPlanner
+            from coral.runtime.deploy.planner import PlanPlanner
 
             planner = PlanPlanner.from_plan(plan_file, {m.name: m for m in cluster.models})
         elif cluster.planner == "allocator":
-            from coral.runtime.planner import AllocatorPlanner
+            from coral.runtime.deploy.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
         dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run)

@@ -3,7 +3,7 @@
 The planner is injected: ``planner(observed_demand, running_instances) -> desired_instances``
 where ``observed_demand`` is ``{model: {"prefill": tok/s, "decode": tok/s}}`` measured by
 the coordinator over the last epoch and ``running_instances`` is the running plan (ν_prev).
-:class:`coral.runtime.planner.AllocatorPlanner` runs the allocation ILP here (``planner:
+:class:`coral.runtime.deploy.planner.AllocatorPlanner` runs the allocation ILP here (``planner:
 allocator`` in the cluster file); without a planner the last plan pushed
 (:meth:`Controller.apply_plan`, ``POST /admin/plan``) is kept, which still replaces lost
 capacity each epoch.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from coral.runtime.cluster_config import ClusterSpec, InstanceSpec
-from coral.runtime.coordinator import Coordinator
-from coral.runtime.provisioner import Provisioner
+from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
+from coral.runtime.deploy.provisioner import Provisioner
+from coral.runtime.serving.coordinator import Coordinator
 
 __all__ = ["Action", "Controller", "Demand", "Planner", "describe", "reconcile", "shape_key"]
 
@@ -170,6 +170,20 @@ class Controller:
         with self._lock:
             self.target = tuple(desired)
             return self._reconcile()
+
+    def push_plan(self, body: Any) -> list[Action]:
+        """``POST /admin/plan``: validate a plan body against the cluster's models, then apply it.
+
+        Args:
+            body: ``{"instances": [...]}`` as in the cluster file.
+
+        Returns:
+            The actions taken.
+
+        Raises:
+            CoralError: naming the first problem in ``body`` (nothing is applied).
+        """
+        return self.apply_plan(parse_instances(body, self.cluster))
 
     def epoch(self) -> list[Action]:
         """One epoch: measure demand, call the planner with the running plan, reconcile."""

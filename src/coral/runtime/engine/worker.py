@@ -1,7 +1,7 @@
-"""Process entry point of the runtime's child processes: ``python -m coral.runtime.worker ROLE JSON``.
+"""Process entry point of the runtime's child processes: ``python -m coral.runtime.engine.worker ROLE JSON``.
 
 ROLE is ``engine``, ``scheduler`` or ``zygote``; JSON is the process's spec, written by
-the provisioner (see :mod:`coral.runtime.provisioner`). A child exits on
+the provisioner (see :mod:`coral.runtime.deploy.provisioner`). A child exits on
 :class:`Shutdown`, on SIGTERM, or when its parent process goes away, so no process
 outlives ``coral serve``.
 
@@ -79,7 +79,7 @@ def run_engine(spec: dict[str, Any], parent: int) -> None:
     else:
         import torch
 
-        from coral.runtime.model import ShardSpec, load_shard
+        from coral.runtime.engine.model import ShardSpec, load_shard
 
         torch.set_num_threads(int(spec.get("threads", 1)))
         s = dict(spec["shard"])
@@ -127,7 +127,7 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
         spec: instance fields, ``nodes`` (NodeSlot fields), ``coordinator``, ``host``, ``port``.
         parent: the provisioner's pid.
     """
-    from coral.runtime.scheduler import NodeSlot, Scheduler
+    from coral.runtime.engine.scheduler import NodeSlot, Scheduler
 
     t = _transport(spec, int(spec.get("port", 0)))
     trace_dir = os.environ.get("CORAL_STEP_TRACE", "")  # opt-in: one CSV of micro-batch times per instance
@@ -166,7 +166,8 @@ def run_zygote(spec: dict[str, Any]) -> None:
     import transformers  # noqa: F401 - the point is to import it once
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from coral.runtime import engine, model, transport  # noqa: F401
+    from coral.runtime import engine, transport  # noqa: F401
+    from coral.runtime.engine import model
 
     for mt in spec.get("model_types", []):
         try:
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the role named in ``argv`` (default ``sys.argv[1:]``)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in ("engine", "scheduler", "zygote"):
-        print("usage: python -m coral.runtime.worker {engine|scheduler|zygote} SPEC_JSON", file=sys.stderr)
+        print("usage: python -m coral.runtime.engine.worker {engine|scheduler|zygote} SPEC_JSON", file=sys.stderr)
         return 2
     spec = json.loads(args[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to `coral serve`, which stops us in order

@@ -420,7 +420,7 @@ def _attention(module: Any, query: Any, key: Any, value: Any, attention_mask: An
 def select_tokens(logits: Any, temperatures: list[float], seeds: list[int], steps: list[int]) -> list[int]:
     """Pick every row's next token of a batch from temperature and seed alone.
 
-    A shorthand for :func:`coral.runtime.sampling.sample_batch` (the engine's only sampler)
+    A shorthand for :func:`coral.runtime.engine.sampling.sample_batch` (the engine's only sampler)
     with default :class:`~coral.runtime.protocol.SamplingParams` otherwise: greedy rows
     (temperature 0) take the argmax, sampled rows draw from their own generator seeded by
     (seed, step), so a token does not depend on the placement or on the batch it ran in.
@@ -432,8 +432,8 @@ def select_tokens(logits: Any, temperatures: list[float], seeds: list[int], step
     Returns:
         One token id per row.
     """
+    from coral.runtime.engine.sampling import sample_batch
     from coral.runtime.protocol import SamplingParams
-    from coral.runtime.sampling import sample_batch
 
     params = [SamplingParams(temperature=max(0.0, t), seed=s) for t, s in zip(temperatures, seeds, strict=True)]
     return [p.token for p in sample_batch(logits, params, steps)]

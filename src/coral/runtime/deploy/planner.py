@@ -25,8 +25,8 @@ from coral.allocator.demand import Forecaster, capacity_targets, offered_demand
 from coral.allocator.inputs import AllocationInputs
 from coral.errors import CoralError
 from coral.perf.model import Phase
-from coral.runtime.cluster_config import MIXED, InstanceSpec, ServedModel
-from coral.runtime.lifecycle import Demand, shape_key
+from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
+from coral.runtime.deploy.lifecycle import Demand, shape_key
 from coral.scenario import Scenario, with_demand_scale
 from coral.solver import SolveOptions
 from coral.templates.problem import Placement, Stage

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ServedModel
+from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, ServedModel
 
 __all__ = ["LocalProvisioner", "Provisioner"]
 
@@ -99,7 +99,7 @@ def _free_port(host: str) -> int:
 
 
 class LocalProvisioner(Provisioner):
-    """Every process is a child of this one (``python -m coral.runtime.worker``)."""
+    """Every process is a child of this one (``python -m coral.runtime.engine.worker``)."""
 
     def __init__(self, noop_engines: bool = False, log_level: str = "WARNING", *, start_engines: bool = True) -> None:
         """Args:
@@ -137,7 +137,7 @@ class LocalProvisioner(Provisioner):
         spec = {**spec, "parent_pid": os.getpid(), "log_level": self.log_level}
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
+            [sys.executable, "-m", "coral.runtime.engine.worker", role, json.dumps(spec)],
             stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip
 
@@ -145,7 +145,7 @@ class LocalProvisioner(Provisioner):
         if self.zygote is None:
             zspec = {"parent_pid": os.getpid(), "log_level": self.log_level, "model_types": model_types}
             self.zygote = subprocess.Popen(
-                [sys.executable, "-m", "coral.runtime.worker", "zygote", json.dumps(zspec)],
+                [sys.executable, "-m", "coral.runtime.engine.worker", "zygote", json.dumps(zspec)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
             self.procs["zygote"] = self.zygote
