@@ -448,7 +448,7 @@ def test_a_scenario_given_as_cluster_file_is_named(tmp_path: Path):
 
 def test_file_kind_markers_are_fields_of_their_own_kind_only():
     from coral.file_kinds import MARKERS, file_kind
-    from coral.runtime.cluster_config import ClusterFile
+    from coral.runtime.deploy.cluster_config import ClusterFile
     from coral.scenario.schema import ScenarioFile
 
     fields = {"scenario": set(ScenarioFile.model_fields), "cluster": set(ClusterFile.model_fields)}
