@@ -23,6 +23,7 @@ from coral.cli.common import (
     prepare_with_progress,
     scale_opt,
     scenario_opt,
+    solve_progress,
 )
 from coral.cli_support import EXIT_INFEASIBLE, check_output_path, err_console
 from coral.errors import CoralError
@@ -46,7 +47,9 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 @jobs_opt
 @cache_opt
 @nmax_opt
-@click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True)
+@click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help=(
+    "Seconds the solve may take (replaying the traffic for the capacity targets before it is not counted). "
+    "A plan that hits it is kept (exit 0) with one line on stderr giving its gap."))
 @click.option("--gap", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative MIP gap.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the plan as JSON here.")
 @click.option("--verify", is_flag=True, help=(
@@ -82,6 +85,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     """
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.allocator import render_plan
+
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
 
@@ -108,7 +113,9 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
         result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
     else:
-        result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
+        with solve_progress(time_limit_s, as_json):
+            result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
+        _warn_time_limit(result, time_limit_s, gap)
         if verify:
             # lazy: the core loads only when the command runs (`coral --help` stays quick)
             from coral.experiments.verify import CalibrationStep, verify_plan
@@ -137,8 +144,9 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         data["verification"] = [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
                                  "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
                                  "pairs": [{"model": v.model, "phase": v.phase.value, "attainment": v.attainment,
-                                            "phase_target": v.phase_target, "model_attainment": v.model_attainment,
-                                            "model_target": v.model_target} for v in st.verdicts]} for st in steps]
+                                            "phase_target": v.phase_target, "phase_ok": v.phase_ok,
+                                            "model_attainment": v.model_attainment, "model_target": v.model_target,
+                                            "model_ok": v.ok} for v in st.verdicts]} for st in steps]
     data.update(_plan_deploy_fields(deploy, result, data, setup))
     if out:
         write_text(Path(out), json.dumps(data, indent=2, default=str))
@@ -156,12 +164,29 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         raise SystemExit(3)
 
 
+def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:
+    """One stderr line when the solve stopped at its time limit: the plan stands (exit 0), but
+    it is not proved within --gap, and the user can give it more time."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    from coral.solver import Status
+
+    if result.status is not Status.TIME_LIMIT:
+        return
+    got = (f"with a gap of {result.gap:.2%} (asked: {gap:.2%})" if result.gap is not None
+           else "without a proven gap (the template-greedy fallback)")
+    err_console.print(f"time limit: the solve stopped after --time-limit-s {time_limit_s:g} {got}; the plan stands "
+                      f"(exit 0), but a cheaper one may exist: give it more time, e.g. --time-limit-s "
+                      f"{max(2 * time_limit_s, 120):g}", highlight=False, soft_wrap=True)
+
+
 def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any, engine: str,
                        running_path: str | None) -> tuple[Any, dict[str, Any]]:
     """`coral plan --engine` / `--running`: restrict the library, plan the unrestricted baseline, read the
     running plan (docs/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import plan
+
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.advisory import running_counts
     from coral.runtime.deploy.cli import load_running, restrict_setup
 
@@ -204,14 +229,24 @@ def _print_deploy_fields(data: dict[str, Any]) -> None:
 
 
 def _print_verdicts(verdicts: Any, title: str) -> None:
+    """One row per (model, phase), marked against the phase's own target; then one line per model
+    saying whether its target (both SLOs) holds, which is what the exit code follows."""
     table = Table(title=title)
-    for col in ("model", "phase", "SLO", "predicted", "phase target", "model (both SLOs)", "model target", ""):
-        table.add_column(col, justify="left" if col in ("model", "phase", "") else "right")
+    for col in ("model", "phase", "SLO", "predicted", "phase target", "met"):
+        table.add_column(col, justify="left" if col in ("model", "phase", "SLO", "met") else "right")
     for v in verdicts:
         slo = "TTFT" if v.phase.value == "prefill" else "TPOT"
         table.add_row(v.model, v.phase.value, slo, f"{v.attainment:.1%}", f"{v.phase_target:.1%}",
-                      f"{v.model_attainment:.1%}", f"{v.model_target:.0%}", "ok" if v.ok else "MISS")
+                      "ok" if v.phase_ok else "[bold red]below[/]")
     console.print(table)
+    models = {v.model: v for v in verdicts}
+    for v in models.values():
+        verdict = "holds" if v.ok else "[bold red]MISSED[/]"
+        console.print(f"{v.model}: {v.model_attainment:.1%} of {v.requests:,} requests meet both SLOs; "
+                      f"target {v.model_target:.0%} {verdict}", highlight=False)
+    if any(v.ok and not v.phase_ok for v in verdicts):
+        console.print("below: the phase misses the share it was sized for (half the model's allowed misses); "
+                      "the model's target can still hold when the other phase misses less", highlight=False)
 
 
 def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, demand_scale: float, availability: str,
@@ -253,7 +288,7 @@ def _attainment_sweep(scenario_name: str, attainment_list: str, method: str, dem
                  {"attainment": a, "reachable": True, "cost_usd_per_h": p.cost_usd_per_h, "status": p.status.value,
                   "cost_by_model": per_model[a]} for a, p in rows]}
     if plot_path:
-        plot_attainment_costs([(a, p.cost_usd_per_h) for a, p in solved], plot_path,
+        plot_attainment_costs([(a, None if isinstance(p, str) else p.cost_usd_per_h) for a, p in rows], plot_path,
                               f"{scenario_name} ({method}): the cost of attainment")
     if out:
         write_text(Path(out), json.dumps(data, indent=2))
