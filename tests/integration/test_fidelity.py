@@ -14,7 +14,7 @@ pytest.importorskip("zmq")
 from click.testing import CliRunner  # noqa: E402
 
 from coral.catalog import builtin_catalog, builtin_model  # noqa: E402
-from coral.experiments.fidelity import fidelity  # noqa: E402
+from coral.experiments.cli import fidelity  # noqa: E402
 from coral.experiments.fidelity_perf import load_engine_perf  # noqa: E402
 from coral.experiments.fidelity_profile import read_host  # noqa: E402
 from coral.experiments.profile_cmd import profile  # noqa: E402

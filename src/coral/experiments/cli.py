@@ -194,14 +194,46 @@ for _name, _doc in _DOCS.items():
     experiment.add_command(_command_for(_name, _doc))
 
 
-def _register_optional() -> None:
-    """The fidelity study lives in its own module (another engineer's); add it when importable."""
-    try:
-        # lazy: the study is left out when its module cannot import
-        from coral.experiments.fidelity import fidelity
-    except ImportError:
-        return
-    experiment.add_command(fidelity)
+@experiment.command("fidelity")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder for summary.json, report.md, the PNG and CSVs.")
+@click.option("--model", default="fid-llama", show_default=True, help="Runtime model (built-in config name or config.json path).")
+@click.option("--node", default="1xL4", show_default=True, help="Catalog configuration used as the label of this host's nodes.")
+@click.option("--profile", "profile_csv", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Reuse this `coral profile` CSV (with its .host.json) instead of profiling first.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Folder holding traces/ (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
+@click.option("--dataset", default="azure-conv", show_default=True, help="Trace: azure-conv, azure-code, burstgpt or a CSV path.")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=None, help="Seconds of trace to replay [150; quick 25].")
+@click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=0.35, show_default=True,
+              help="Offered load as a share of this host's CPU cores (sizes the arrival rate).")
+@click.option("--max-prompt", type=click.IntRange(min=1), default=None, help="Clip prompts to this many tokens [384; quick 128].")
+@click.option("--max-output", type=click.IntRange(min=2), default=None, help="Clip outputs to this many tokens [48; quick 16].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quick", is_flag=True, help="A ~1-minute run (tests): short trace, short sequences, small profile grid.")
+@click.option("--repeat", is_flag=True, help="Replay the trace twice on the runtime and report the run-to-run error "
+              "(the floor for any simulator on this host); adds one trace duration.")
+def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_dir: str | None, dataset: str,
+             duration_s: float | None, load: float, max_prompt: int | None, max_output: int | None, seed: int, quick: bool,
+             repeat: bool) -> None:
+    """Replay a trace through the real local runtime and through the simulator (timed by a profile of the same
+    engine), match requests one to one and report the TTFT / TPOT errors (the paper's Fig. 6)."""
+    # lazy: `coral --help` lists the study without loading it
+    from coral.experiments.fidelity import QUICK, FidelityOptions, run_fidelity
 
-
-_register_optional()
+    dflt = {**{"duration_s": 150.0, "max_prompt": 384, "max_output": 48}, **(QUICK if quick else {})}
+    opts = FidelityOptions(
+        out=Path(out_dir), model=model, node=node, profile=Path(profile_csv) if profile_csv else None,
+        data_dir=Path(data_dir) if data_dir else None, dataset=dataset,
+        duration_s=duration_s if duration_s is not None else dflt["duration_s"], load=load,
+        max_prompt=max_prompt if max_prompt is not None else int(dflt["max_prompt"]),
+        max_output=max_output if max_output is not None else int(dflt["max_output"]), seed=seed, quick=quick,
+        repeat=repeat,
+    )  # fmt: skip
+    s = run_fidelity(opts, progress=lambda m: click.echo(m, err=True))
+    t, p = s["ttft"], s["tpot"]
+    click.echo(f"TTFT: MAPE {t['mape']:.1%}, p90 APE {t['p90_ape']:.1%}, CDF MAPE {t['cdf_mape']:.1%}; "
+               f"TPOT: MAPE {p['mape']:.1%}, p90 APE {p['p90_ape']:.1%}, CDF MAPE {p['cdf_mape']:.1%} "
+               f"({s['requests']['matched']} requests matched; {s['wall_s']:.0f} s)")
+    if s.get("repeatability"):
+        r = s["repeatability"]
+        click.echo(f"run-to-run (real vs real): TTFT MAPE {r['ttft_mape']:.1%}, TPOT MAPE {r['tpot_mape']:.1%}")
+    click.echo(f"wrote {opts.out}/summary.json, report.md, fidelity_cdf.png, requests.csv, calibration.csv, host_load.json")

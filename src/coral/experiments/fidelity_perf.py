@@ -26,7 +26,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 
@@ -64,24 +66,45 @@ class _Curve:
 
 
 class EnginePerf(ProfilePerf):
-    """Times of the runtime's engine: batched layers, per-stage calls, loopback messages (see module doc)."""
+    """Times of the runtime's engine: batched layers, per-stage calls, loopback messages (see module doc).
 
-    def __init__(self, base: ProfilePerf, curves: dict[tuple[str, str, str], dict[str, _BatchCurve]], host: HostProfile) -> None:
+    Built once per setting and never changed: :meth:`calibrated` gives a copy with the runtime's
+    measured overheads or the fitted node-time multipliers, so every simulation that got a
+    perf object keeps the times it was given.
+    """
+
+    def __init__(self, base: ProfilePerf, curves: dict[tuple[str, str, str], dict[str, _BatchCurve]], host: HostProfile,
+                 *, frontend_extra_s: float = 0.0, step_extra_s: float = 0.0,
+                 scale: Mapping[Phase, float] | None = None) -> None:
+        """Args:
+        base: the profile table (its fallback and system parameters are kept).
+        curves: the batched passes of `coral profile` (`_curves_from_csv`).
+        host: the host file's message costs.
+        frontend_extra_s, step_extra_s: the runtime's own path costs beyond the modelled messages,
+            measured with no-maths engines (`fidelity_runtime.runtime_overhead`): HTTP + tokenizer +
+            coordinator per request, and the scheduler's work per decode step.
+        scale: node-time multipliers per phase, fitted on isolated requests through the real cluster
+            (`fidelity._calibrate`): what the runtime's engines spend that the profile does not see.
+        """
         super().__init__(base.table, fallback=base.fallback, system=base.system)
         self.curves = curves
         self.host = host
         self.act_bytes = _DTYPE_BYTES.get(host.dtype, 4.0)
-        # The runtime's own path costs beyond the modelled messages, measured with no-maths engines
-        # (`fidelity_runtime.runtime_overhead`): HTTP + tokenizer + coordinator per request, and the
-        # scheduler's work per decode step. 0 until set.
-        self.frontend_extra_s = 0.0
-        self.step_extra_s = 0.0
-        # Node-time multipliers per phase from isolated requests through the real cluster
-        # (`fidelity._calibrate`): what the runtime's engines spend that the profile does not see.
-        self.scale = {Phase.PREFILL: 1.0, Phase.DECODE: 1.0}
+        self.frontend_extra_s = float(frontend_extra_s)
+        self.step_extra_s = float(step_extra_s)
+        given = dict(scale or {})
+        self.scale: Mapping[Phase, float] = MappingProxyType({ph: float(given.get(ph, 1.0)) for ph in Phase})
         blob = repr(sorted((k, {n: c.key() for n, c in v.items()}) for k, v in curves.items()))
         blob += repr((host.activation.latency_s, host.activation.bytes_per_s, host.kv.latency_s, host.kv.bytes_per_s))
         self.version = f"engine-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+    def calibrated(self, *, frontend_extra_s: float | None = None, step_extra_s: float | None = None,
+                   scale: Mapping[Phase, float] | None = None) -> EnginePerf:
+        """A copy with these overheads and / or multipliers (the ones not given are this model's)."""
+        return EnginePerf(self, self.curves, self.host,
+                          frontend_extra_s=self.frontend_extra_s if frontend_extra_s is None else frontend_extra_s,
+                          step_extra_s=self.step_extra_s if step_extra_s is None else step_extra_s,
+                          scale=self.scale if scale is None else scale)
 
     @property
     def frontend_s(self) -> float:

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from coral.atomic import write_text
 from coral.errors import CoralError
 
 __all__ = [
@@ -400,11 +401,9 @@ def write_profile(rows: Sequence[ProfileRow], host: HostProfile, out: str | Path
     for r in ordered:
         lines.append(f"{r.config},{r.model},{r.phase},{r.tokens},{r.layer_ms:.6f},{r.batch},{r.context},"
                      f"{r.call_ms:.6f},{r.first_ms:.6f},{r.last_ms:.6f}")
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(p)
+    write_text(p, "\n".join(lines) + "\n")
     hp = host_path(p)
-    hp.write_text(json.dumps(asdict(host), indent=2) + "\n")
+    write_text(hp, json.dumps(asdict(host), indent=2) + "\n")
     return p, hp
 
 

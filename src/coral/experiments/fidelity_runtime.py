@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from coral.atomic import write_text
 from coral.errors import CoralError
 
 __all__ = ["CpuMeter", "runtime_overhead", "Served", "StageLayout", "InstanceLayout", "RealRequest", "cluster_file", "default_layout", "replay"]
@@ -101,7 +102,7 @@ class Served:
     def __enter__(self) -> Served:
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "cluster.yaml"
-        cfg.write_text(yaml.safe_dump(self.cluster, sort_keys=False))
+        write_text(cfg, yaml.safe_dump(self.cluster, sort_keys=False))
         ready = Path(tempfile.mkdtemp(prefix="coral-fid-")) / "url"
         log = open(self.workdir / "serve.log", "wb")  # noqa: SIM115 - closed in __exit__ via the process
         self._log = log

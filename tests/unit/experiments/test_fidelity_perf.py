@@ -37,7 +37,7 @@ def test_curves_interpolate_batched_passes(tmp_path) -> None:  # noqa: ANN001
 def test_taken_steps_cap_the_others_at_a_fair_share() -> None:
     from types import SimpleNamespace
 
-    from coral.experiments.fidelity import _taken_steps
+    from coral.experiments.fidelity_report import taken_steps as _taken_steps
 
     # windows of 0.5 s on 2 cores, the runtime counted as 2 threads: others used 1.9 cores with 10
     # runnable threads (cap 2 * 10 / 12 = 1.667), 1.5 with 2 threads (cap 2 * 2 / 4 = 1.0),
