@@ -294,23 +294,20 @@ def _resident_replan(s: Any, epochs: int) -> None:
     the wall is the re-plan itself; the first epoch also builds the column arrays."""
     import statistics as st
 
-    from coral.allocator.demand import offered_demand
     from coral.cache import default_cache_dir
-    from coral.perf.model import Phase
     from coral.runtime.deploy.cluster_config import ServedModel
-    from coral.runtime.deploy.planner import PlanPlanner
+    from coral.runtime.deploy.planner import PlanPlanner, traffic_observation
     from coral.templates.library import build_library
 
     lib = build_library(s, cache_dir=default_cache_dir())
     models = {m.name: ServedModel(name=m.name, config={"num_hidden_layers": m.spec.num_layers}, seed=0,
                                   weights_path=None, max_context=4096) for m in s.models}
     planner = PlanPlanner(scenario=s, library=lib, sizing_library=lib, availability=dict(s.availability), models=models)
-    offered = offered_demand(s)
     running: tuple[Any, ...] = ()
     walls, solves = [], []
     for e in range(epochs):
         f = (1.0, 1.25, 0.9, 1.5, 1.1, 0.8, 1.3, 1.0)[e % 8]  # demand moves every epoch
-        seen = {m.name: {ph.value: f * offered[(m.name, ph)] for ph in Phase} for m in s.models}
+        seen = traffic_observation(s, f)  # what the coordinator records over an epoch of that traffic
         t0 = time.perf_counter()
         running = tuple(planner(seen, running))
         walls.append(time.perf_counter() - t0)

@@ -7,13 +7,18 @@ from collections import Counter
 
 import pytest
 
-from coral.allocator.demand import capacity_targets, offered_demand
-from coral.perf.model import Phase
+from coral.policy.demand import epoch_demand, epoch_forecaster
 from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.lifecycle import reconcile
 from coral.runtime.deploy.mapping import cluster_from_plan
 from coral.runtime.deploy.plan_file import load_plan_file
-from coral.runtime.deploy.planner import FLOOR_TOK_PER_S, PlanPlanner, template_key
+from coral.runtime.deploy.planner import (
+    FLOOR_TOK_PER_S,
+    PlanPlanner,
+    template_key,
+    traffic_observation,
+)
+from coral.runtime.serving.window import EpochObservation
 
 LAYERS = {"phi-4": 40, "qwen3-32b": 64}
 
@@ -39,28 +44,25 @@ def _planner(pf, cluster) -> PlanPlanner:
     return PlanPlanner.from_plan(pf, {m.name: m for m in cluster.models})
 
 
-def _observed(pf, factor: float) -> dict[str, dict[str, float]]:
-    """What the coordinator would report at `factor` times the scenario's offered traffic."""
-    offered = offered_demand(pf.scenario)
-    return {m.name: {ph.value: factor * offered[(m.name, ph)] for ph in Phase} for m in pf.scenario.models}
+def _observed(pf, factor: float) -> EpochObservation:
+    """What the coordinator would record over an epoch at `factor` times the scenario's traffic."""
+    return traffic_observation(pf.scenario, factor)
 
 
 def _by_template(specs) -> Counter[tuple[str, str | None]]:
     return Counter((s.region, template_key(s)) for s in specs)
 
 
-def test_capacity_is_the_offline_sizing_at_the_forecast_rate(served):
+def test_capacity_is_the_simulators_epoch_demand_at_least_the_floor(served):
     pf, cluster = served
     planner = _planner(pf, cluster)
-    want = planner.capacity(_observed(pf, 2.0))
-    history = capacity_targets(pf.scenario, library=planner.sizing_library)
-    # a first observation has no history: the forecast adds a 25 % spread at the quantile
-    from statistics import NormalDist
-
-    f = 2.0 * (1 + NormalDist().inv_cdf(pf.scenario.planner.forecast_quantile) * 0.25)
-    for m in pf.scenario.models:
-        for ph in Phase:
-            assert history[(m.name, ph)].capacity_tok_per_s * f == pytest.approx(want[(m.name, ph)])
+    seen = _observed(pf, 2.0)
+    want = planner.capacity(seen)
+    same = epoch_demand(pf.scenario, seen.window, epoch_forecaster(pf.scenario), planner.sizing_library)
+    assert {g: max(FLOOR_TOK_PER_S, v) for g, v in same.items()} == want
+    assert all(v > FLOOR_TOK_PER_S for v in want.values())  # twice the traffic: real capacity, not the floor
+    # nothing arrived: the floor everywhere, so an idle model keeps one instance
+    assert {g: FLOOR_TOK_PER_S for g in want} == _planner(pf, cluster).capacity(_observed(pf, 0.0))
 
 
 def test_replan_under_changed_demand_adds_and_removes_real_templates(served):
@@ -90,7 +92,7 @@ def test_replan_under_changed_demand_adds_and_removes_real_templates(served):
     shrunk = _by_template(down)
     assert sum(shrunk.values()) < sum(planned.values())
     # an idle phase keeps one instance (the floor), so the next request has somewhere to go
-    idle = _planner(pf, cluster)({}, running)
+    idle = _planner(pf, cluster)(_observed(pf, 0.0), running)
     for m in LAYERS:
         for ph in ("prefill", "decode"):
             assert 1 <= sum(1 for s in idle if s.model == m and s.phase == ph)

@@ -4,8 +4,14 @@ from pathlib import Path
 
 from coral.runtime.deploy.cluster_config import load_cluster
 from coral.runtime.deploy.planner import AllocatorPlanner
+from coral.runtime.serving.window import EpochObservation
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-tiny.yaml"
+
+
+def _seen(demand: dict[str, dict[str, float]]) -> EpochObservation:
+    """An epoch with these tokens/s (the allocator planner reads only them)."""
+    return EpochObservation(demand_tok_per_s=demand, window={}, epoch_s=60.0)
 
 
 def _shapes():
@@ -19,10 +25,10 @@ def test_demand_sizes_the_plan():
     planner = AllocatorPlanner(shapes=cluster.instances, target_utilization=1.0)
     running = tuple(cluster.instances)
     # No traffic: one instance of each prefill / decode shape (the floor); mixed ones are kept.
-    plan = planner({}, running)
+    plan = planner(_seen({}), running)
     assert sorted(s.name for s in plan) == ["llama-decode", "llama-prefill", "qwen3-mixed"]
     # 450 prompt tok/s on 200 tok/s prefill instances -> 3; 250 output tok/s on 100 -> 3.
-    plan = planner({"tiny-llama": {"prefill": 450.0, "decode": 250.0}}, running)
+    plan = planner(_seen({"tiny-llama": {"prefill": 450.0, "decode": 250.0}}), running)
     names = [s.name for s in plan]
     assert names.count("llama-prefill") == 3 and names.count("llama-decode") == 3
     assert names.count("qwen3-mixed") == 1
@@ -36,11 +42,11 @@ def test_cheaper_shape_wins_and_availability_caps():
                               stages=(dataclasses.replace(by["llama-prefill"].stages[0], layer_end=6),),
                               throughput_tok_per_s=150.0)
     shapes = [*cluster.instances, one]
-    plan = AllocatorPlanner(shapes=shapes, target_utilization=1.0)({"tiny-llama": {"prefill": 300.0}}, tuple(shapes))
+    plan = AllocatorPlanner(shapes=shapes, target_utilization=1.0)(_seen({"tiny-llama": {"prefill": 300.0}}), tuple(shapes))
     assert [s.name for s in plan if s.phase == "prefill"] == ["llama-prefill-1", "llama-prefill-1"]
     # With too few nodes the plan shrinks to what fits (goodput mode), it never grows past them.
     small = AllocatorPlanner(shapes=shapes, target_utilization=1.0, max_nodes=6)
-    plan = small({"tiny-llama": {"prefill": 3000.0, "decode": 100.0}}, tuple(shapes))
+    plan = small(_seen({"tiny-llama": {"prefill": 3000.0, "decode": 100.0}}), tuple(shapes))
     nodes = sum(len(st.node_throughputs) for s in plan if s.phase != "mixed" for st in s.stages)
     assert nodes <= 6
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coral.allocator import Plan, allocate, tight_availability
-from coral.allocator.demand import Forecaster, capacity_targets, observed_rates
+from coral.allocator.demand import Forecaster
 from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
+from coral.policy.demand import epoch_demand, epoch_forecaster
 from coral.scenario import Scenario, load_scenario, with_demand_scale
-from coral.scenario.traffic import traffic_sample
 from coral.sim import SimResult, simulate
 from coral.solver import SolveOptions
 from coral.templates.library import build_library
@@ -77,39 +77,34 @@ def plan_specs(p: Plan) -> list[InstanceSpec]:
     return [InstanceSpec(template=i.template, region=i.region) for i in p.instances for _ in range(i.count)]
 
 
-def epoch_forecaster(scenario: Scenario) -> Forecaster:
-    """The per-run forecaster of the next epoch's rates (planner.forecast_quantile, scale_down_margin)."""
-    return Forecaster(quantile=scenario.planner.forecast_quantile, scale_down_margin=scenario.planner.scale_down_margin)
-
-
-def epoch_demand(scenario: Scenario, window: Mapping[str, Trace], forecast: Forecaster,
-                 library: TemplateLibrary | None = None) -> dict[tuple[str, Phase | str], float]:
-    """The capacity to plan the next epoch with, per (model, phase): the larger of the queueing
-    model on the requests observed in the last epoch and on the long traffic sample, each scaled to
-    the forecast rate (quantile + hysteresis). Six minutes of a bursty trace do not show its worst
-    bursts (azure-code at 10 req/s has an inter-arrival CV of 13), so the hour of history keeps
-    the burst headroom while the last epoch tracks the level. Scaling the history's capacity
-    linearly with the rate is conservative: compressing a trace's arrivals by `f` and raising the
-    capacity by `f` shortens every wait by `f`."""
-    rates = observed_rates(window)
-    want = forecast.update(rates)
-    scale = {m: (want[m] / r if r > 0 else 1.0) for m, r in rates.items()}
-    recent = capacity_targets(scenario, window, scale=scale, library=library)
-    history = capacity_targets(scenario, library=library)
-    out: dict[tuple[str, Phase | str], float] = {}
-    for m in scenario.models:
-        sample = traffic_sample(scenario, m.name)
-        base_rate = len(sample) / float(sample.window_s or scenario.planner.history_s)
-        f = want.get(m.name, 0.0) / base_rate if base_rate > 0 else 1.0
-        for ph in (Phase.PREFILL, Phase.DECODE):
-            out[(m.name, ph)] = max(recent[(m.name, ph)].capacity_tok_per_s, f * history[(m.name, ph)].capacity_tok_per_s)
-    return out
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimRun:
     result: SimResult
     plans: tuple[Plan, ...]  # the initial plan and one per epoch boundary
+    demands: tuple[dict[tuple[str, Phase | str], float], ...] = ()  # what each re-plan was solved on (one per boundary)
+
+
+@dataclass(slots=True)
+class EpochReplanner:
+    """The simulator's re-planner: every epoch, the demand of `coral.policy.demand.epoch_demand` on the
+    requests that arrived in it (the live planner's too), solved with the running plan as `prev`."""
+
+    setup: Setup
+    method: str
+    options: SolveOptions | None
+    forecast: Forecaster
+    plans: list[Plan] = field(default_factory=list)
+    demands: list[dict[tuple[str, Phase | str], float]] = field(default_factory=list)
+
+    def __call__(self, now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec],
+                 window: Mapping[str, Trace]) -> list[InstanceSpec]:
+        demand: dict[tuple[str, Phase | str], float] = {
+            g: v for g, v in epoch_demand(self.setup.scenario, window, self.forecast, self.setup.library).items()}
+        prev = dict(Counter((s.region, s.template.key) for s in running))
+        new = plan(self.setup, self.method, demand=demand, prev=prev, options=self.options)
+        self.demands.append(demand)
+        self.plans.append(new)
+        return plan_specs(new)
 
 
 def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1800.0, epoch_s: float | None = None,
@@ -127,17 +122,8 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
         raise CoralError("--duration-s and --epoch-s must be > 0")
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=duration_s, seed=seed,
                             data_dir=data_dir, base_dir=scenario.base_dir)
-    plans = [plan(setup, method, options=options)]
-    forecast = epoch_forecaster(scenario)
-
-    def replan(now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec],
-               window: Mapping[str, Trace]) -> list[InstanceSpec]:
-        demand = epoch_demand(scenario, window, forecast, setup.library)
-        prev = dict(Counter((s.region, s.template.key) for s in running))
-        new = plan(setup, method, demand=demand, prev=prev, options=options)
-        plans.append(new)
-        return plan_specs(new)
-
-    result = simulate(scenario, traces, plan_specs(plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
+    replan = EpochReplanner(setup=setup, method=method, options=options, forecast=epoch_forecaster(scenario))
+    replan.plans.append(plan(setup, method, options=options))
+    result = simulate(scenario, traces, plan_specs(replan.plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
                       init_s=scenario.planner.init_s, seed=seed, progress=progress, router=scenario.planner.router)
-    return SimRun(result=result, plans=tuple(plans))
+    return SimRun(result=result, plans=tuple(replan.plans), demands=tuple(replan.demands))

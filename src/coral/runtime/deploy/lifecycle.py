@@ -1,8 +1,10 @@
 """Live re-planning: measure demand each epoch, ask a planner for the next plan, reconcile it with the running one.
 
-The planner is injected: ``planner(observed_demand, running_instances) -> desired_instances``
-where ``observed_demand`` is ``{model: {"prefill": tok/s, "decode": tok/s}}`` measured by
-the coordinator over the last epoch and ``running_instances`` is the running plan (ν_prev).
+The planner is injected: ``planner(observation, running_instances) -> desired_instances``
+where ``observation`` is what the coordinator saw over the last epoch
+(:class:`~coral.runtime.serving.window.EpochObservation`: ``{model: {"prefill": tok/s, "decode":
+tok/s}}`` and the accepted requests' arrivals and lengths) and ``running_instances`` is the
+running plan (ν_prev).
 :class:`coral.runtime.deploy.planner.AllocatorPlanner` runs the allocation ILP here (``planner:
 allocator`` in the cluster file); without a planner the last plan pushed
 (:meth:`Controller.apply_plan`, ``POST /admin/plan``) is kept, which still replaces lost
@@ -28,6 +30,7 @@ from typing import Any
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
 from coral.runtime.deploy.provisioner import Provisioner
 from coral.runtime.serving.coordinator import Coordinator
+from coral.runtime.serving.window import EpochObservation
 
 __all__ = ["Action", "Controller", "Demand", "Planner", "describe", "reconcile", "shape_key"]
 
@@ -35,8 +38,8 @@ log = logging.getLogger(__name__)
 
 #: model -> {"prefill": tok/s, "decode": tok/s}
 Demand = dict[str, dict[str, float]]
-#: (observed demand, running plan = ν_prev) -> desired plan
-Planner = Callable[[Demand, tuple[InstanceSpec, ...]], Sequence[InstanceSpec]]
+#: (the last epoch's observation, running plan = ν_prev) -> desired plan
+Planner = Callable[[EpochObservation, tuple[InstanceSpec, ...]], Sequence[InstanceSpec]]
 
 
 def shape_key(spec: InstanceSpec) -> tuple[Any, ...]:
@@ -189,10 +192,11 @@ class Controller:
         """One epoch: measure demand, call the planner with the running plan, reconcile."""
         with self._lock:
             self._sweep()
-            self.last_demand = self.coordinator.observe_demand()
+            seen = self.coordinator.observe_epoch()
+            self.last_demand = seen.demand_tok_per_s
             if self.planner is not None:
                 try:
-                    self.target = tuple(self.planner(self.last_demand, tuple(self.running.values())))
+                    self.target = tuple(self.planner(seen, tuple(self.running.values())))
                 except Exception:  # a failing planner keeps the current plan
                     log.exception("controller: planner failed; keeping the current plan")
             return self._reconcile()

@@ -4,10 +4,10 @@ Two modes (both `planner: allocator` in the cluster file):
 
 - :class:`PlanPlanner` (`coral serve --plan plan.json`): the real one. It re-plans over the plan's
   own scenario: its template library (SLO budgets, node configurations), its prices and
-  availability per region, the capacity the offline planner sizes for observed demand
-  (`coral.allocator.demand`: the queueing model on the scenario's traffic sample, scaled to the
-  forecast rate, as `coral.experiments.pipeline.epoch_demand` does), and maps the new plan back to
-  runtime instances through :mod:`coral.runtime.deploy.mapping`, as `serve --plan` does.
+  availability per region, and the simulator's epoch demand on the requests the coordinator
+  recorded (:func:`coral.policy.demand.epoch_demand`: the queueing model on the last epoch's
+  requests and on the scenario's traffic sample, scaled to the forecast rate), and maps the new
+  plan back to runtime instances through :mod:`coral.runtime.deploy.mapping`, as `serve --plan` does.
 - :class:`AllocatorPlanner` (a cluster file alone): the file's own instance shapes, each engine
   process one node of one local configuration, on the observed tokens/s over a target utilization.
 """
@@ -20,23 +20,29 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from coral.allocator import Plan, allocate, allocate_inputs, tight_availability
 from coral.allocator.allocate import METHODS
-from coral.allocator.demand import Forecaster, capacity_targets, offered_demand
+from coral.allocator.demand import Forecaster
 from coral.allocator.inputs import AllocationInputs
 from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
+from coral.policy.demand import epoch_demand, epoch_forecaster
 from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
-from coral.runtime.deploy.lifecycle import Demand, shape_key
+from coral.runtime.deploy.lifecycle import shape_key
 from coral.runtime.deploy.mapping import plan_instance_specs
 from coral.runtime.deploy.plan_file import parse_plan
 from coral.runtime.deploy.vllm import vllm_templates
+from coral.runtime.serving.window import EpochObservation
 from coral.scenario import Scenario, with_demand_scale
+from coral.scenario.traffic import traffic_sample
 from coral.solver import SolveOptions
 from coral.templates.library import build_library
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template, TemplateLibrary
+from coral.workload import Trace, cut, scale_to_rate
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +80,8 @@ class AllocatorPlanner:
     min_instances: int = 1
     options: SolveOptions = dataclasses.field(default_factory=lambda: SolveOptions(time_limit_s=10.0))
 
-    def __call__(self, demand: Demand, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
+    def __call__(self, seen: EpochObservation, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
+        demand = seen.demand_tok_per_s
         # Shapes with the same model, phase and node count are the same template to the
         # allocator: keep the one that serves most.
         best: dict[str, tuple[Template, InstanceSpec]] = {}
@@ -127,14 +134,14 @@ def template_key(spec: InstanceSpec) -> str | None:
 
 @dataclasses.dataclass(slots=True)
 class PlanPlanner:
-    """`planner(observed_demand, running) -> desired` over the scenario of the plan being served.
+    """`planner(observation, running) -> desired` over the scenario of the plan being served.
 
-    Each call: observed tokens/s -> each model's request rate (its scenario's lengths) -> the
-    forecast rate (EWMA + quantile, hysteresis: `planner.forecast_quantile`, `scale_down_margin`)
-    -> per (model, phase) the capacity that keeps the SLO at that rate (the scenario's traffic
-    sample sized by `capacity_targets`, scaled by the forecast, as `epoch_demand`'s history term)
-    -> the allocation ILP over the library with the running plan as `prev` (starting an instance
-    costs its `init_s`) -> runtime instances, named and weighted as `serve --plan` names them.
+    Each call: the requests the coordinator recorded over the epoch -> the simulator's epoch demand
+    (:func:`coral.policy.demand.epoch_demand`: the queueing model on them and on the scenario's
+    traffic sample, scaled to the forecast rate, EWMA + quantile with hysteresis) -> at least
+    :data:`FLOOR_TOK_PER_S` per (model, phase) -> the allocation ILP over the library with the
+    running plan as `prev` (starting an instance costs its `init_s`) -> runtime instances, named and
+    weighted as `serve --plan` names them.
 
     Build it with :meth:`from_plan`; `last_plan` holds the last allocation (for logs and tests).
     """
@@ -175,37 +182,21 @@ class PlanPlanner:
         availability = dict(scenario.availability)
         if plan.availability == "tight":
             availability = dict(tight_availability(scenario, full))
-        forecast = Forecaster(quantile=scenario.planner.forecast_quantile,
-                              scale_down_margin=scenario.planner.scale_down_margin)
         return cls(scenario=scenario, library=library, sizing_library=full, availability=availability,
-                   models=dict(models), method=plan.method, forecast=forecast,
+                   models=dict(models), method=plan.method, forecast=epoch_forecaster(scenario),
                    options=options or SolveOptions(time_limit_s=30.0))
 
-    def observed_rates(self, demand: Demand) -> dict[str, float]:
-        """Requests/s per model behind the observed tokens/s: the phase furthest above its scenario's
-        offered tokens/s, times the model's rate (the scenario's lengths turn tokens into requests)."""
-        offered = offered_demand(self.scenario)
-        out = {}
-        for m in self.scenario.models:
-            seen = demand.get(m.name, {})
-            ratios = [float(seen.get(ph.value, 0.0)) / offered[(m.name, ph)] for ph in Phase if offered[(m.name, ph)] > 0]
-            out[m.name] = m.rate_per_s * max(ratios, default=0.0)
-        return out
+    def epoch_demand(self, seen: EpochObservation) -> dict[tuple[str, Phase], float]:
+        """The simulator's epoch demand on the epoch's requests (tok/s per (model, phase)); updates the forecast."""
+        return epoch_demand(self.scenario, seen.window, self.forecast, self.sizing_library)
 
-    def capacity(self, demand: Demand) -> dict[tuple[str, Phase], float]:
-        """The capacity to plan for, per (model, phase), tok/s (at least :data:`FLOOR_TOK_PER_S`)."""
-        rates = self.observed_rates(demand)
-        want = self.forecast.update(rates)
-        history = capacity_targets(self.scenario, library=self.sizing_library)
-        out = {}
-        for m in self.scenario.models:
-            f = want.get(m.name, 0.0) / m.rate_per_s if m.rate_per_s > 0 else 0.0
-            for ph in Phase:
-                out[(m.name, ph)] = max(FLOOR_TOK_PER_S, f * history[(m.name, ph)].capacity_tok_per_s)
-        return out
+    def capacity(self, seen: EpochObservation) -> dict[tuple[str, Phase], float]:
+        """The capacity to plan for, per (model, phase), tok/s: :meth:`epoch_demand`, at least
+        :data:`FLOOR_TOK_PER_S` (a model seen idle keeps one instance to take its next request)."""
+        return {g: max(FLOOR_TOK_PER_S, v) for g, v in self.epoch_demand(seen).items()}
 
-    def __call__(self, demand: Demand, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
-        want = self.capacity(demand)
+    def __call__(self, seen: EpochObservation, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
+        want = self.capacity(seen)
         rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
         prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)
         plan = allocate(self.scenario, self.library, method=self.method, demand=rows, availability=self.availability,
@@ -220,4 +211,36 @@ class PlanPlanner:
         return [*plan_instance_specs(pf, dict(self.models)), *(s for s in running if s.phase == MIXED)]
 
 
-__all__ = ["FLOOR_TOK_PER_S", "LOCAL_NODE", "AllocatorPlanner", "PlanPlanner", "template_key"]
+def traffic_observation(scenario: Scenario, factor: float = 1.0, *, epoch_s: float | None = None) -> EpochObservation:
+    """What the coordinator would record over one epoch of `factor` times the scenario's own traffic:
+    each model's traffic sample sped up by `factor`, its first `epoch_s` (default `planner.epoch_s`).
+    For benches, tests and dry runs of the live planner.
+
+    Args:
+        scenario: the resolved scenario.
+        factor: the traffic's rate over the scenario's (0 = nothing arrived).
+        epoch_s: the epoch's length.
+
+    Returns:
+        The observation (tokens/s and the requests' window), every model present.
+
+    Raises:
+        ValueError: a negative factor or a non-positive epoch.
+    """
+    span = float(scenario.planner.epoch_s if epoch_s is None else epoch_s)
+    if factor < 0 or not span > 0:
+        raise ValueError(f"factor must be >= 0 and epoch_s > 0, got {factor} and {span}")
+    window: dict[str, Trace] = {}
+    for m in scenario.models:
+        sample = traffic_sample(scenario, m.name)
+        if factor > 0 and sample.rate_per_s > 0:
+            window[m.name] = cut(scale_to_rate(sample, factor * sample.rate_per_s), 0.0, span)
+        else:
+            window[m.name] = Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
+                                   output_tokens=np.zeros(0, dtype=np.int64), window_s=span)
+    demand = {m: {"prefill": float(t.prompt_tokens.sum()) / span, "decode": float(t.output_tokens.sum()) / span}
+              for m, t in window.items()}
+    return EpochObservation(demand_tok_per_s=demand, window=window, epoch_s=span)
+
+
+__all__ = ["FLOOR_TOK_PER_S", "LOCAL_NODE", "AllocatorPlanner", "PlanPlanner", "template_key", "traffic_observation"]

@@ -53,6 +53,7 @@ from coral.runtime.protocol import (
     TokenOuts,
 )
 from coral.runtime.serving.routing import InstanceView, RouteStates, pick_decode, pick_prefill
+from coral.runtime.serving.window import EpochObservation, RequestWindow
 from coral.runtime.transport import Transport
 
 __all__ = [
@@ -190,6 +191,7 @@ class Coordinator:
         self._last_beat = 0.0
         self._demand: dict[tuple[str, str], int] = {}
         self._demand_t0 = time.monotonic()
+        self._window = RequestWindow(list(self.models), t0=self._demand_t0)  # the live planner's epoch window
         self.retried = 0
         self.failed_requests = 0
         self.load_at_drain: dict[str, int] = {}  # instance id -> requests it held when its drain began
@@ -415,11 +417,13 @@ class Coordinator:
         with self._lock:
             return any(r.view.model == model and r.view.phase is not InstancePhase.DECODE and r.state is Lifecycle.ACTIVE for r in self.instances.values())
 
-    def observe_demand(self) -> dict[str, dict[str, float]]:
-        """Tokens/s per model and phase since the last call (prefill: prompt tokens; decode: generated).
+    def observe_epoch(self) -> EpochObservation:
+        """What the epoch since the last call showed: tokens/s per model and phase (prefill: prompt
+        tokens; decode: generated), and the accepted requests' arrivals and lengths (the live
+        planner's window, :func:`coral.policy.demand.epoch_demand`'s input).
 
         Returns:
-            model -> {"prefill": tok/s, "decode": tok/s} for every served model.
+            The observation, for every served model.
         """
         with self._lock:
             now = time.monotonic()
@@ -427,7 +431,15 @@ class Coordinator:
             out = {m: {"prefill": self._demand.get((m, "prefill"), 0) / dt, "decode": self._demand.get((m, "decode"), 0) / dt} for m in self.models}
             self._demand.clear()
             self._demand_t0 = now
-            return out
+            return EpochObservation(demand_tok_per_s=out, window=self._window.take(now), epoch_s=dt)
+
+    def observe_demand(self) -> dict[str, dict[str, float]]:
+        """Tokens/s per model and phase since the last observation (:meth:`observe_epoch`'s demand).
+
+        Returns:
+            model -> {"prefill": tok/s, "decode": tok/s} for every served model.
+        """
+        return self.observe_epoch().demand_tok_per_s
 
     # --------------------------------------------------------------- requests
 
@@ -492,6 +504,7 @@ class Coordinator:
                 raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
             self._handles[rid] = h
             self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
+            self._window.record(model, time.monotonic(), len(prompt), h.generated)
         return h
 
     def _dispatch(self, h: RequestHandle) -> bool:
