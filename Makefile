@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SKY_VENV ?= .venv-sky
 SKY_STAMP := $(SKY_VENV)/.installed
 
-.PHONY: demo test bench lint calibrate clean venv
+.PHONY: demo test test-long bench lint calibrate clean venv
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ demo: $(STAMP)
 
 test: $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest
+
+# the full form of the tests marked `long` (soaks, the fidelity study on the real runtime)
+test-long: $(STAMP) $(SKY_STAMP)
+	CORAL_LONG_TESTS=1 $(BIN)/python -m pytest -m long
 
 bench: $(STAMP)
 	$(BIN)/python -m compileall -q src

@@ -92,11 +92,26 @@ def test_vllm_reason():
     assert "tensor-parallel degree" in vllm_reason([["4xL4"], ["2xL40S"]])
 
 
+def _with_a_data_parallel_stage(data: dict) -> dict:
+    """The plan with its first instance's one node doubled into a data-parallel stage (which vLLM's
+    pipeline cannot express), the plan's node counts kept consistent."""
+    d = json.loads(json.dumps(data))
+    inst = d["instances"][0]
+    stage = inst["stages"][0]
+    node = stage["nodes"][0]
+    stage["nodes"], stage["node_index"] = [node, node], [0, 1]
+    inst["stages"], inst["nodes"] = [stage], [node, node]
+    for n in d["nodes"]:
+        if (n["region"], n["config"]) == (inst["region"], node):
+            n["count"] += inst["count"]
+    return d
+
+
 def test_strict_vllm_refuses_an_inexpressible_instance(two_model_plan, tmp_path):
-    scenario, plan, data = two_model_plan
-    pf = load_plan_file(plan, str(scenario))
-    if not export_vllm(pf).skipped:
-        pytest.skip("this plan happens to be all vLLM-expressible")
+    scenario, _, data = two_model_plan
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(_with_a_data_parallel_stage(data)))
+    assert export_vllm(load_plan_file(plan, str(scenario))).skipped  # the edited instance, at least
     r = _export(plan, scenario, "vllm", tmp_path / "out", "--strict")
     assert r.exit_code == 2
     assert "cannot express instance" in flat(r)

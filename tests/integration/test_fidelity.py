@@ -51,6 +51,7 @@ def test_profile_writes_a_table_load_profile_csv_reads(tmp_path):
     assert engine.layer_time_s(cat.config("1xL4"), spec, Shape(phase=Phase.DECODE, batch=4, prompt_tokens=64, output_tokens=0)) > 0
 
 
+@pytest.mark.long(reduced="tests/unit/experiments/test_fidelity_phases.py (the study on a stand-in runtime)")
 def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversation trace
     out = tmp_path / "fid"
     res = CliRunner().invoke(fidelity, ["--out", str(out), "--quick"])

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from coral.experiments.cli import experiment
-from coral.experiments.report import table_problems
+from coral.experiments.report import table_problems, templates_table
 
 REPO = Path(__file__).resolve().parents[2]
 # §6.6 helix is left out: its quick mode (templates of at most 2 nodes) has no Llama-2-70B
@@ -53,13 +53,20 @@ def test_report_opens_with_how_to_read_it(reports: dict[str, Path], name: str):
             assert f"{method} {shown}" in first, (case, method)
 
 
-def test_cost_report_escapes_stage_lists(reports: dict[str, Path]):
+def test_cost_report_shows_the_templates_coral_picked(reports: dict[str, Path]):
     text = (reports["cost"] / "report.md").read_text()
     summary = json.loads((reports["cost"] / "summary.json").read_text())
-    multi = [t for t in summary["coral_hetero_templates"] if len(t["stages"]) > 1]
-    if not multi:
-        pytest.skip("Coral's quick plan used no multi-stage heterogeneous template")
-    assert " \\| " in text.split("Heterogeneous templates Coral picked", 1)[1]
+    assert templates_table(summary["coral_hetero_templates"]) in text.split("Heterogeneous templates Coral picked", 1)[1]
+
+
+def test_a_multi_stage_template_keeps_its_table_whole():
+    # a stage list joins stages with `|`: escaped, so the row keeps its columns
+    hetero = [{"model": "m", "phase": "prefill", "region": "r", "nodes": ["1xL4", "1xL40S"],
+               "stages": [{"nodes": ["1xL4"], "layers": 20}, {"nodes": ["1xL40S"], "layers": 20}],
+               "throughput_tok_per_s": 1000.0, "price_usd_per_h": 2.5, "max_count": 1, "epochs": [0]}]
+    text = templates_table(hetero)
+    assert "1xL4:20 \\| 1xL40S:20" in text
+    assert [] == table_problems(text)
 
 
 @pytest.mark.parametrize("doc", sorted(p.name for p in (REPO / "docs").glob("*.md")) + ["README.md"])

@@ -338,7 +338,7 @@ def test_tokens_from_the_coordinator_thread_wake_the_loop_once_per_burst() -> No
     import threading
     from types import SimpleNamespace
 
-    from coral.runtime.serving.app import _LoopInbox
+    from coral.runtime.serving.app import LoopInbox
 
     async def run() -> tuple[list[int], int]:
         loop = asyncio.get_running_loop()
@@ -349,7 +349,7 @@ def test_tokens_from_the_coordinator_thread_wake_the_loop_once_per_burst() -> No
             wakeups += 1
             return loop.call_soon_threadsafe(*args)  # type: ignore[arg-type]
 
-        box = _LoopInbox(loop)
+        box = LoopInbox(loop)
         box._loop = SimpleNamespace(call_soon_threadsafe=counting)  # type: ignore[assignment]
         got: list[int] = []
         done = asyncio.Event()
@@ -376,11 +376,11 @@ def test_tokens_from_the_coordinator_thread_wake_the_loop_once_per_burst() -> No
 def test_a_token_for_a_stopped_loop_is_dropped() -> None:
     import asyncio
 
-    from coral.runtime.serving.app import _LoopInbox
+    from coral.runtime.serving.app import LoopInbox
 
     loop = asyncio.new_event_loop()
     loop.close()
-    box = _LoopInbox(loop)
+    box = LoopInbox(loop)
     box.put(print, "never")  # no exception on the coordinator's thread
     box.put(print, "never either")
     assert [] == box._items

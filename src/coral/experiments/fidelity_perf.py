@@ -40,7 +40,7 @@ from coral.experiments.fidelity_profile import HostProfile, read_host
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.perf.profile import ProfilePerf, load_profile_csv
 
-__all__ = ["EnginePerf", "load_engine_perf"]
+__all__ = ["EnginePerf", "curves_from_csv", "load_engine_perf"]
 
 _DTYPE_BYTES = {"float32": 4.0, "float16": 2.0, "bfloat16": 2.0}
 
@@ -78,7 +78,7 @@ class EnginePerf(ProfilePerf):
                  scale: Mapping[Phase, float] | None = None) -> None:
         """Args:
         base: the profile table (its fallback and system parameters are kept).
-        curves: the batched passes of `coral profile` (`_curves_from_csv`).
+        curves: the batched passes of `coral profile` (`curves_from_csv`).
         host: the host file's message costs.
         frontend_extra_s, step_extra_s: the runtime's own path costs beyond the modelled messages,
             measured with no-maths engines (`fidelity_runtime.runtime_overhead`): HTTP + tokenizer +
@@ -167,7 +167,12 @@ class _BatchCurve:
         return _Curve(self.xs, ys)(x)
 
 
-def _curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _BatchCurve]]:
+def curves_from_csv(path: Path) -> dict[tuple[str, str, str], dict[str, _BatchCurve]]:
+    """The batched-pass curves of a `coral profile` CSV: (config, model, phase) -> column -> curve.
+
+    Raises:
+        CoralError: a CSV without the engine's columns, or a row that is not numbers.
+    """
     reader = csv.DictReader(io.StringIO(path.read_text()))
     need = ("batch", "context", "call_ms", "first_ms", "last_ms")
     if any(c not in (reader.fieldnames or []) for c in need):
@@ -207,4 +212,4 @@ def load_engine_perf(csv_path: str | Path, catalog: Catalog, fallback: PerfModel
     """
     p = Path(csv_path)
     base = load_profile_csv(p, catalog, fallback=fallback)
-    return EnginePerf(base, _curves_from_csv(p), read_host(p))
+    return EnginePerf(base, curves_from_csv(p), read_host(p))

@@ -91,7 +91,7 @@ def motivation(*, scenario: str = "extended", model: str = "qwen3-235b-a22b", ph
     return result
 
 
-def _tok_label(x: float, _pos: Any = None) -> str:
+def tok_label(x: float, _pos: Any = None) -> str:
     """`20k`, `1.5M`: short labels, so a log axis over a few decades does not crowd its ticks."""
     for scale, unit in ((1e6, "M"), (1e3, "k")):
         if x >= scale:
@@ -114,7 +114,7 @@ def spectrum_figure(spectrum: dict[str, list[float]]) -> Figure:
     ax.set_ylim(-0.6, 1.6)
     ax.set_xscale("log")
     ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(FuncFormatter(_tok_label))
+    ax.xaxis.set_major_formatter(FuncFormatter(tok_label))
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("template throughput (tok/s, log scale)")
     ax.set_title("throughput spectrum of serving templates")

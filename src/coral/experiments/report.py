@@ -281,7 +281,8 @@ def _latency_table(methods: Mapping[str, Mapping[str, Any]]) -> str:
                   "prefill util", "decode util"], rows)
 
 
-def _templates_table(hetero: Sequence[Mapping[str, Any]], limit: int = 15) -> str:
+def templates_table(hetero: Sequence[Mapping[str, Any]], limit: int = 15) -> str:
+    """The heterogeneous templates a study's plans used (`coral_hetero_templates`), as a Markdown table."""
     if not hetero:
         return "Coral's plans used no heterogeneous template."
     rows = [[t["model"], t["phase"], t["region"], " + ".join(t["nodes"]),
@@ -376,7 +377,7 @@ def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, pre
             out.append("<details><summary>latency and utilization per model</summary>\n\n" + _latency_table(methods)
                        + "\n\n</details>")
         if name == "cost":
-            out.append("Heterogeneous templates Coral picked:\n\n" + _templates_table(result["coral_hetero_templates"]))
+            out.append("Heterogeneous templates Coral picked:\n\n" + templates_table(result["coral_hetero_templates"]))
         if name == "goodput":
             out.append("Tight availability (nodes per region/config): "
                        + ", ".join(f"{k} {v}" for k, v in result["availability"].items()))
@@ -412,7 +413,7 @@ def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, pre
                    f"goodput vs Helix's throughput: {comp['goodput_vs_helix_throughput']:+.1%}")
         out.append(_per_model_table({"coral": coral}))
         out.append(_latency_table({"coral": coral}))
-        out.append("Heterogeneous templates Coral picked:\n\n" + _templates_table(result["coral_hetero_templates"]))
+        out.append("Heterogeneous templates Coral picked:\n\n" + templates_table(result["coral_hetero_templates"]))
         img(fig_bars([("cost ($/h)", {"helix (reported)": helix["cost_usd_per_h"], "coral": coral["cost_usd_per_h"]}),
                       ("decode tok/s", {"helix (reported)": helix["decode_tok_per_s"], "coral": model["decode_tok_per_s"]}),
                       ("goodput tok/s", {"helix (reported)": None, "coral": coral["goodput_tok_per_s"]})],

@@ -6,7 +6,7 @@ import itertools
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from coral.experiments.motivation import PAPER_GAP_NOTE, _tok_label, spectrum_figure
+from coral.experiments.motivation import PAPER_GAP_NOTE, spectrum_figure, tok_label
 
 
 def _visible_labels(ax):
@@ -33,7 +33,7 @@ def test_spectrum_tick_labels_do_not_overlap():
 
 
 def test_short_labels():
-    assert ["500", "20k", "1.5M"] == [_tok_label(500), _tok_label(20000), _tok_label(1.5e6)]
+    assert ["500", "20k", "1.5M"] == [tok_label(500), tok_label(20000), tok_label(1.5e6)]
 
 
 def test_gap_note_names_the_ratio():

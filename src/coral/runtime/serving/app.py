@@ -51,7 +51,7 @@ from coral.runtime.serving.metrics import CONTENT_TYPE, ServingMetrics
 from coral.runtime.serving.models import ChatRequest, CompletionRequest
 from coral.runtime.serving.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
 
-__all__ = ["AdminAction", "ApiServer", "PlanAdmin", "ServerOptions", "build_app"]
+__all__ = ["AdminAction", "ApiServer", "LoopInbox", "PlanAdmin", "ServerOptions", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -266,7 +266,7 @@ class _Choice:
         return piece
 
 
-class _LoopInbox:
+class LoopInbox:
     """Calls from the coordinator's thread onto the server's event loop, coalesced: whatever
     arrives while a drain is pending rides on it, so a batched step's tokens wake the loop once
     (one ``call_soon_threadsafe``, one self-pipe write) instead of once per token."""
@@ -294,14 +294,14 @@ class _LoopInbox:
             fn(arg)
 
 
-_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox] = weakref.WeakKeyDictionary()
+_INBOXES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopInbox] = weakref.WeakKeyDictionary()
 
 
-def _inbox(loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+def _inbox(loop: asyncio.AbstractEventLoop) -> LoopInbox:
     """The loop's inbox (made on the loop's own thread, the first time a request runs on it)."""
     box = _INBOXES.get(loop)
     if box is None:
-        box = _INBOXES[loop] = _LoopInbox(loop)
+        box = _INBOXES[loop] = LoopInbox(loop)
     return box
 
 
