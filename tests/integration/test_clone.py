@@ -64,3 +64,11 @@ def test_make_and_ci_name_nothing_outside_the_copy(clone: tuple[Path, dict[str, 
         text = (copy / name).read_text()
         assert "../" not in text and "/work/" not in text, name
     assert os.access(copy / ".ci" / "run", os.X_OK)
+
+
+def test_the_readme_names_the_demo_the_makefile_runs():
+    demo = next(line.split("coral ", 1)[1].split(" --out")[0]
+                for line in (REPO / "Makefile").read_text().splitlines() if "coral experiment" in line)
+    assert "experiment cost core --duration-s 720" == demo
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert f"`coral {demo}`" in text and "from a fresh clone with an empty home" in text
