@@ -29,10 +29,12 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     from coral.errors import CoralError
     from coral.runtime.deploy.export import check_out_folder, export_plan, write_export
     from coral.runtime.deploy.plan_file import load_plan_file
+    from coral.runtime.deploy.secrets import SECRETS_DIR, load_secrets
 
     check_out_folder(out)  # before any work
     plan = load_plan_file(plan_path, scenario_name)
-    result = export_plan(plan, fmt, allow_derived=allow_derived)
+    kept = load_secrets(out)  # a re-export keeps the deployment's keys: the running processes hold them
+    result = export_plan(plan, fmt, allow_derived=allow_derived, secrets=kept)
     if strict and result.skipped:
         name, why = result.skipped[0]
         raise CoralError(f"--format {fmt} cannot express instance {name}: {why} "
@@ -41,6 +43,8 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"{len(paths)} file(s) written to {out} ({fmt})")
+    click.echo(f"  {'kept' if kept else 'new'} API key and CurveZMQ keys in {out}/{SECRETS_DIR}/ (user-only; clients send "
+               f"Authorization: Bearer $(cat {out}/{SECRETS_DIR}/api_key))")
     for name, why in result.skipped:
         click.echo(f"  not expressible in {fmt}: {name}: {why}")
 
