@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -115,8 +116,8 @@ def reconcile(desired: Sequence[InstanceSpec], running: Mapping[str, InstanceSpe
 
 
 def _fresh_name(spec: InstanceSpec, taken: set[str]) -> str:
-    """The spec's name, or with the first free ``-N`` suffix."""
-    base = spec.name
+    """A replacement's name: the spec's, with the first free ``-N`` suffix (a replacement of ``c-2`` is ``c-3``)."""
+    base = re.sub(r"-\d+$", "", spec.name) or spec.name
     name, k = base, 1
     while name in taken:
         k += 1
