@@ -29,7 +29,7 @@ $(SKY_STAMP): pyproject.toml
 venv: $(STAMP) $(SKY_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/coral experiment cost --setup core --out runs/demo-cost-core
+	$(BIN)/coral experiment cost core --out runs/demo-cost-core
 
 test: $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest
@@ -43,6 +43,7 @@ calibrate: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/mypy src
 
 clean:

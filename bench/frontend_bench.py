@@ -45,9 +45,9 @@ class _Server:
     """Coordinator + one no-op in-process instance + the HTTP front end, in this process."""
 
     def __init__(self, **options: Any) -> None:
-        from coral.runtime.coordinator import Coordinator, ModelInfo
-        from coral.runtime.inproc import start_inproc_instance
+        from coral.runtime.engine.inproc import start_inproc_instance
         from coral.runtime.serving import ApiServer, ServerOptions
+        from coral.runtime.serving.coordinator import Coordinator, ModelInfo
         from coral.runtime.transport import InprocHub, InprocTransport
 
         self.hub = InprocHub()
@@ -88,10 +88,10 @@ def _http_child(q: Any, host: str, port: int, n: int, path: str) -> None:
 def bench_overhead(n: int) -> list[dict[str, Any]]:
     """The instance (a scheduler and a no-op engine, each its own process, as deployed) straight over
     ZeroMQ, then through the coordinator in this process, then through HTTP from a client process."""
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.deploy.provisioner import LocalProvisioner
     from coral.runtime.protocol import Submit, TokenOut
-    from coral.runtime.provisioner import LocalProvisioner
     from coral.runtime.transport import ZmqTransport
 
     cluster = parse_cluster({
@@ -141,7 +141,7 @@ def bench_overhead(n: int) -> list[dict[str, Any]]:
 def _streams_child(q: Any, url: str, clients: int, tokens: int) -> None:
     import asyncio
 
-    from coral.runtime.loadgen import replay_async
+    from coral.runtime.serving.loadgen import replay_async
 
     _raise_fd_limit()
     prompts = [[3 + i % 500, 7] for i in range(clients)]

@@ -24,7 +24,7 @@ SLO_MS = {"ttft": 500.0, "tpot": 100.0}
 
 
 def _cluster() -> Any:
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
 
     return parse_cluster({
         "coordinator": {"port": 0}, "device": "cpu",
@@ -48,7 +48,7 @@ def _rss_kib(pid: int) -> int | None:
 
 
 def _load(url: str, rate: float, duration_s: float, seed: int) -> tuple[Any, list[Any]]:
-    from coral.runtime.loadgen import run_bench, workload
+    from coral.runtime.serving.loadgen import run_bench, workload
 
     arrival, prompt, output = workload(trace=None, rate_per_s=rate, duration_s=duration_s, seed=seed, prompt_tokens=32, output_tokens=16, max_context=256)
     return run_bench(url, "llama", arrival, prompt, output, max_concurrency=64, goodput_ms=SLO_MS, timeout_s=60)
@@ -128,7 +128,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             if stop.wait(sustain_s / 3):
                 return
             spec_b = next(i for i in ctl.target if i.name == "b")
-            from coral.runtime.cluster_config import InstanceSpec, StageSpec
+            from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 
             new = InstanceSpec(
                 name="c", model="llama", phase="mixed", region=spec_b.region, throughput_tok_per_s=1.0,

@@ -45,9 +45,9 @@ def _fmt(v: Any) -> str:
 def bench_calibration(quick: bool) -> None:
     from coral.catalog import builtin_catalog
     from coral.perf.calibrate import calibration_report
-    from coral.workload_data import shared_data_dir
+    from coral.workload_data import public_data_path
 
-    profiles = shared_data_dir() / "profiles"
+    profiles = public_data_path("profiles")
     rep = calibration_report(profiles / "helix_llama2_70b", profiles / "vidur", builtin_catalog())
     s, tp = rep.layer_summary, rep.speedup_summary
     row("calibration", "single-GPU median |error|, Helix points", s["single_gpu_median_abs_error"], "<= 0.20",
@@ -297,8 +297,8 @@ def _resident_replan(s: Any, epochs: int) -> None:
     from coral.allocator.demand import offered_demand
     from coral.cache import default_cache_dir
     from coral.perf.model import Phase
-    from coral.runtime.cluster_config import ServedModel
-    from coral.runtime.planner import PlanPlanner
+    from coral.runtime.deploy.cluster_config import ServedModel
+    from coral.runtime.deploy.planner import PlanPlanner
     from coral.templates.library import build_library
 
     lib = build_library(s, cache_dir=default_cache_dir())

@@ -35,9 +35,9 @@ def _post(conn: http.client.HTTPConnection, body: dict[str, Any]) -> dict[str, A
 
 def bench_overhead(n: int) -> list[dict[str, Any]]:
     """p50 per-request time through coordinator + router with a no-op instance (in-process hub)."""
-    from coral.runtime.coordinator import Coordinator, ModelInfo
-    from coral.runtime.http_api import ApiServer
-    from coral.runtime.inproc import start_inproc_instance
+    from coral.runtime.engine.inproc import start_inproc_instance
+    from coral.runtime.serving import ApiServer
+    from coral.runtime.serving.coordinator import Coordinator, ModelInfo
     from coral.runtime.transport import InprocHub, InprocTransport
 
     hub = InprocHub()
@@ -75,7 +75,7 @@ def bench_overhead(n: int) -> list[dict[str, Any]]:
 
 
 def _cluster(stages: list[list[int]], threads: int) -> Any:
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
 
     return parse_cluster({
         "coordinator": {"port": 0}, "device": "cpu", "torch_threads": threads,
@@ -138,7 +138,7 @@ def _hf_generate_tok_per_s(arch: str, batch: int, tokens: int, prompt_len: int, 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from coral.runtime.model import BUILTIN_CONFIGS, make_config, seeded_state_dict
+    from coral.runtime.engine.model import BUILTIN_CONFIGS, make_config, seeded_state_dict
 
     cfg = BUILTIN_CONFIGS[arch]
     old = torch.get_num_threads()
@@ -158,9 +158,9 @@ def _hf_generate_tok_per_s(arch: str, batch: int, tokens: int, prompt_len: int, 
 
 
 def _serve_one(arch: str, threads: int, noop: bool = False) -> Any:
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
-    from coral.runtime.provisioner import LocalProvisioner
+    from coral.runtime.deploy.provisioner import LocalProvisioner
 
     spec = parse_cluster({
         "coordinator": {"port": 0}, "device": "cpu", "torch_threads": threads,
@@ -190,7 +190,7 @@ def _coord_tok_per_s(dep: Any, streams: int, tokens: int, prompt_len: int) -> fl
 
 
 def _layers(arch: str) -> int:
-    from coral.runtime.model import BUILTIN_CONFIGS
+    from coral.runtime.engine.model import BUILTIN_CONFIGS
 
     return int(BUILTIN_CONFIGS[arch]["num_hidden_layers"])
 
@@ -205,7 +205,7 @@ def _forward_ms_per_step(arch: str, batch: int, prompt_len: int, threads: int, s
     """
     import torch
 
-    from coral.runtime.model import BUILTIN_CONFIGS, ShardSpec, load_shard
+    from coral.runtime.engine.model import BUILTIN_CONFIGS, ShardSpec, load_shard
 
     cfg = BUILTIN_CONFIGS[arch]
     old = torch.get_num_threads()
@@ -258,9 +258,9 @@ def _zmq_hop_ms(batch: int, hidden: int = 0, n: int = 200) -> float:
 
 def _noop_per_token_ms(streams: int, tokens: int, via_http: bool) -> float:
     """Wall time per output token of a no-op instance at ``streams`` concurrent requests (coordinator + scheduler [+ HTTP])."""
-    from coral.runtime.coordinator import Coordinator, ModelInfo
-    from coral.runtime.http_api import ApiServer
-    from coral.runtime.inproc import start_inproc_instance
+    from coral.runtime.engine.inproc import start_inproc_instance
+    from coral.runtime.serving import ApiServer
+    from coral.runtime.serving.coordinator import Coordinator, ModelInfo
     from coral.runtime.transport import InprocHub, InprocTransport
 
     hub = InprocHub()
@@ -386,7 +386,7 @@ def bench_overload(quick: bool) -> list[dict[str, Any]]:
     import random
     import threading
 
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
 
     duration_s = 60.0 if quick else 600.0

@@ -40,7 +40,7 @@ EXIT_INFEASIBLE = 4  # the input is valid but no plan serves any of the demand; 
 
 class UserError(click.ClickException):
     """A CoralError raised out of a command that may run outside the `coral` group (`coral serve`
-    as `python -m coral.runtime.cli`, a test invoking the command itself): click prints it as one
+    as `python -m coral.runtime.deploy.serve_cli`, a test invoking the command itself): click prints it as one
     line, `Error: ...`, with the same exit code 2."""
 
     exit_code = EXIT_USAGE
@@ -74,6 +74,23 @@ class CoralGroup(click.Group):
                 raise
             err_console.print(f"[bold red]error:[/] {_os_error_line(exc)}", highlight=False, markup=True)
             sys.exit(EXIT_USAGE)
+
+
+def pick_scenario(positional: str | None, flag: str | None, *, what: str = "SCENARIO", flag_name: str = "--scenario",
+                  default: str | None = None) -> str:
+    """The scenario named by the positional argument or its `--scenario` alias (one of them, or both
+    alike), else `default`.
+
+    Raises:
+        CoralError: neither given and no default, or two different ones (exit code 2, one line).
+    """
+    if positional is not None and flag is not None and positional != flag:
+        raise CoralError(f"{what} given twice ({positional!r} and {flag_name} {flag!r}); give it once")
+    name = positional if positional is not None else flag if flag is not None else default
+    if name is None:
+        raise CoralError(f"missing {what}: a built-in name (e.g. core) or a YAML file, as the first argument "
+                         f"or {flag_name}")
+    return name
 
 
 def check_output_path(path: str | Path, option: str, *, folder: bool) -> Path:

@@ -7,17 +7,22 @@ from coral.errors import CoralError
 from coral.workload.datasets import data_dir_candidates
 
 
-def shared_data_dir(explicit: str | Path | None = None) -> Path:
-    """The data folder: `explicit`, else $CORAL_DATA_DIR, else `<repo>/../shared/data`
-    (`coral.workload.datasets.data_dir_candidates`).
+def public_data_path(relative: str | Path, explicit: str | Path | None = None) -> Path:
+    """A file or folder of the public data: the first of `explicit`, else $CORAL_DATA_DIR then
+    the copy shipped with Coral (`coral.workload.datasets.data_dir_candidates`), that holds it.
+
+    Args:
+        relative: the path inside the data folder, e.g. `profiles/helix_llama2_70b`.
+        explicit: the CLI's `--data-dir`, the only folder searched when given.
 
     Raises:
-        CoralError: when none exists, saying how to point Coral at a copy.
+        CoralError: when no candidate holds it, naming each place looked in.
     """
     candidates = data_dir_candidates(explicit)
-    for path, _ in candidates:
-        if path.is_dir():
-            return path.resolve()
-    looked = ", ".join(f"{p} ({origin})" for p, origin in candidates) or "nowhere: no candidate"
-    raise CoralError(f"public data folder not found (looked in: {looked}); "
-                     "pass --data-dir or set CORAL_DATA_DIR to a copy of shared/data")
+    for folder, _ in candidates:
+        if (folder / relative).exists():
+            return (folder / relative).resolve()
+    looked = ", ".join(f"{folder / relative} ({origin})" for folder, origin in candidates)
+    raise CoralError(f"public data {relative} not found (looked in: {looked}); "
+                     "pass --data-dir or set CORAL_DATA_DIR to a folder that holds it")
+

@@ -19,8 +19,8 @@ def test_export_and_advisory_import_no_torch():
 
 
 def test_lifecycle_and_provisioner_do_not_import_the_deployment():
-    mods = _modules_after("import coral.runtime.lifecycle, coral.runtime.provisioner")
-    assert "coral.runtime.provisioner" in mods
+    mods = _modules_after("import coral.runtime.deploy.lifecycle, coral.runtime.deploy.provisioner")
+    assert "coral.runtime.deploy.provisioner" in mods
     assert "coral.runtime.deploy.deployment" not in mods
     mods = _modules_after("from coral.runtime.deploy.deployment import Deployment")
-    assert {"coral.runtime.lifecycle", "coral.runtime.provisioner"} <= mods
+    assert {"coral.runtime.deploy.lifecycle", "coral.runtime.deploy.provisioner"} <= mods

@@ -9,11 +9,11 @@ import pytest
 
 from coral.allocator.demand import capacity_targets, offered_demand
 from coral.perf.model import Phase
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
+from coral.runtime.deploy.lifecycle import reconcile
 from coral.runtime.deploy.mapping import cluster_from_plan
 from coral.runtime.deploy.plan_file import load_plan_file
-from coral.runtime.lifecycle import reconcile
-from coral.runtime.planner import FLOOR_TOK_PER_S, PlanPlanner, template_key
+from coral.runtime.deploy.planner import FLOOR_TOK_PER_S, PlanPlanner, template_key
 
 LAYERS = {"phi-4": 40, "qwen3-32b": 64}
 

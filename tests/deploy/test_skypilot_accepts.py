@@ -48,7 +48,7 @@ def _sky_python() -> str:
 
 
 def _sky_home(home: Path, data_dir: Path) -> None:
-    """An AWS catalog in SkyPilot's v8 format, from shared/data/prices/gpu_nodes.csv."""
+    """An AWS catalog in SkyPilot's v8 format, from coral/data/prices/gpu_nodes.csv."""
     folder = home / ".sky" / "catalogs" / "v8" / "aws"
     folder.mkdir(parents=True)
     names = {"A100-40GB": "A100", "V100-16GB": "V100"}

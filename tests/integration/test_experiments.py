@@ -32,7 +32,7 @@ def test_cost_quick_writes_report_summary_and_figures(tmp_path: Path, isolated_c
     assert any(isolated_cache.glob("*.parquet"))  # built in the isolated cache, not ~/.cache
 
     summary = json.loads((out / "summary.json").read_text())
-    assert "coral experiment cost --setup core" in summary["command"]
+    assert "coral experiment cost core --out" in summary["command"]
     assert "--quick" in summary["command"]
     assert (summary["seed"], summary["scenario"], summary["duration_s"]) == (0, "core", 360.0)
     methods = summary["cases"]["abundant"]

@@ -316,9 +316,9 @@ def test_readme_names_both_demos_and_calls_tables_tables():
 
 
 def test_runtime_commands_exit_2_outside_the_coral_group_too(tmp_path: Path):
-    # `python -m coral.runtime.cli` and tests invoke these commands without the `coral` group
+    # `python -m coral.runtime.deploy.serve_cli` and tests invoke these commands without the `coral` group
     _needs_runtime()
-    from coral.runtime.cli import keys, serve
+    from coral.runtime.deploy.serve_cli import keys, serve
 
     r = CliRunner().invoke(serve, ["--config", str(tmp_path / "missing.yaml")])
     clean_error(r, 2, "not found")
@@ -326,3 +326,35 @@ def test_runtime_commands_exit_2_outside_the_coral_group_too(tmp_path: Path):
     r = CliRunner().invoke(keys, ["--dir", str(tmp_path / "k")])
     clean_error(r, 2, "already holds a Curve keypair")
     assert 1 == len(r.output.strip().splitlines())
+
+
+# -- issue 26, item 3: one way to name a scenario ----------------------------------------------------
+
+def test_scenario_is_a_positional_argument_with_scenario_as_alias(tmp_path: Path, cache: Path):
+    scen = str(tiny(tmp_path))
+    by_arg = run("plan", scen, "--json")
+    by_flag = run("plan", "--scenario", scen, "--json")
+    assert 0 == by_arg.exit_code, by_arg.output
+    assert json.loads(by_flag.stdout)["cost_usd_per_h"] == json.loads(by_arg.stdout)["cost_usd_per_h"]
+    assert json.loads(run("scenario", "show", "--scenario", scen, "--json").output) == \
+        json.loads(run("scenario", "show", scen, "--json").output)
+    r = run("simulate", scen, "--duration-s", "20", "--json")
+    assert 0 == r.exit_code, r.output
+    assert ["phi-4"] == list(json.loads(r.stdout)["per_model"])
+    r = run("templates", "show", scen, "--top", "1")
+    assert 0 == r.exit_code and "phi-4" in r.output
+    for cmd in ("plan", "simulate", "scenario show", "experiment cost"):
+        usage = run(*cmd.split(), "--help").output.splitlines()[0]
+        assert usage.endswith("SCENARIO") or usage.endswith("[SETUP]"), usage
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["plan"], "missing SCENARIO: a built-in name (e.g. core) or a YAML file, as the first argument or --scenario"),
+    (["simulate", "core", "--scenario", "extended"], "SCENARIO given twice ('core' and --scenario 'extended')"),
+    (["scenario", "show"], "missing SCENARIO"),
+    (["experiment", "cost", "extended", "--setup", "core"], "SETUP given twice ('extended' and --setup 'core')"),
+    (["experiment", "cost", "huge"], "'huge' is not one of 'core', 'extended'"),
+])
+def test_scenario_named_wrongly_is_one_line(args: list[str], message: str):
+    r = run(*args)
+    clean_error(r, 2, message)

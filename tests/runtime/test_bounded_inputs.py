@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from coral.runtime.coordinator import Coordinator, ModelInfo
-from coral.runtime.inproc import start_inproc_instance
-from coral.runtime.model import BUILTIN_CONFIGS
+from coral.runtime.engine.inproc import start_inproc_instance
+from coral.runtime.engine.model import BUILTIN_CONFIGS
 from coral.runtime.serving import ApiServer, ServerOptions
+from coral.runtime.serving.coordinator import Coordinator, ModelInfo
 from coral.runtime.transport import InprocHub, InprocTransport
 
 from .conftest import http, sse, wait_until

@@ -20,9 +20,9 @@ import yaml
 import zmq
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import load_cluster, parse_cluster, parse_instances
+from coral.runtime.deploy.cluster_config import load_cluster, parse_cluster, parse_instances
 from coral.runtime.deploy.deployment import Deployment
-from coral.runtime.model import BUILTIN_CONFIGS
+from coral.runtime.engine.model import BUILTIN_CONFIGS
 
 from .conftest import http, sse, wait_until
 from .test_pipeline_inproc import reference
@@ -151,7 +151,7 @@ def test_serve_cli_starts_serves_and_stops(tmp_path: Path) -> None:
         "instances:\n  - {name: t1, model: t, stages: [{layers: [0, 6]}]}\n"
     )
     ready = tmp_path / "ready"
-    proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.cli", "--config", str(cfg), "--ready-file", str(ready)],
+    proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.deploy.serve_cli", "--config", str(cfg), "--ready-file", str(ready)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         assert wait_until(ready.exists, 90, 0.1), "coral serve did not become ready"
@@ -171,7 +171,7 @@ def test_serve_cli_starts_serves_and_stops(tmp_path: Path) -> None:
 def test_specs_reuse_the_domain_phase_and_model_spec() -> None:
     from coral.catalog.models import ModelSpec
     from coral.perf.model import Phase
-    from coral.runtime.cluster_config import MIXED
+    from coral.runtime.deploy.cluster_config import MIXED
 
     spec = load_cluster(Path(__file__).resolve().parents[2] / "examples" / "cluster-tiny.yaml")
     phases = {i.name: i.phase for i in spec.instances}

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
-from coral.runtime.model import BUILTIN_CONFIGS
+from coral.runtime.engine.model import BUILTIN_CONFIGS
 
 from .conftest import http
 from .test_pipeline_inproc import PROMPTS, reference
@@ -56,7 +56,7 @@ def test_tp_that_does_not_divide_the_model_is_refused() -> None:
 
 
 def test_engines_get_one_device_each_in_order() -> None:
-    from coral.runtime.provisioner import LocalProvisioner
+    from coral.runtime.deploy.provisioner import LocalProvisioner
 
     spec = parse_cluster(_cluster([
         {"name": "a", "model": "t", "stages": [{"layers": [0, 3], "nodes": 2}, {"layers": [3, 6], "tp": 2}]},
@@ -77,7 +77,7 @@ def test_engines_get_one_device_each_in_order() -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bf16_batched_pass_matches_generate_on_the_device() -> None:
-    from coral.runtime.model import ShardSpec, load_shard
+    from coral.runtime.engine.model import ShardSpec, load_shard
 
     from .test_engine_batched import _hf
 

@@ -6,17 +6,17 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from coral.runtime.engine.inproc import start_inproc_instance
 from coral.runtime.engine.kv_cache import BlockPool, KvCacheFull, blocks_for
-from coral.runtime.inproc import start_inproc_instance
-from coral.runtime.model import (
+from coral.runtime.engine.model import (
     BUILTIN_CONFIGS,
     ShardSpec,
     load_shard,
     make_config,
     seeded_state_dict,
 )
+from coral.runtime.engine.sampling import sample_batch
 from coral.runtime.protocol import SamplingParams, Submit, TokenOut, TokenOuts
-from coral.runtime.sampling import sample_batch
 from coral.runtime.transport import InprocHub, InprocTransport
 
 from .conftest import wait_until
@@ -341,8 +341,8 @@ def test_batched_engine_samples_each_row_with_its_own_params_through_preemption(
 
 def test_heartbeat_reports_the_fullest_node_kv_usage() -> None:
     """The coordinator's heartbeat carries the scheduler's mirror of its nodes' pools (vllm:kv_cache_usage_perc reads it)."""
+    from coral.runtime.engine.scheduler import NodeSlot, Scheduler
     from coral.runtime.protocol import Heartbeat
-    from coral.runtime.scheduler import NodeSlot, Scheduler
 
     hub = InprocHub()
     coord = InprocTransport(hub, "C")

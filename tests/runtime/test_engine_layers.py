@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coral.runtime.engine.layers import LeanStep
-from coral.runtime.model import BUILTIN_CONFIGS, ShardSpec, load_shard, seeded_state_dict
+from coral.runtime.engine.model import BUILTIN_CONFIGS, ShardSpec, load_shard, seeded_state_dict
 
 from .test_engine_batched import SLIDING_QWEN3
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from coral.runtime.coordinator import Coordinator, ModelInfo
-from coral.runtime.inproc import InprocInstance, start_inproc_instance
+from coral.runtime.engine.inproc import InprocInstance, start_inproc_instance
 from coral.runtime.serving import ApiServer, ByteTokenizer, ServerOptions
+from coral.runtime.serving.coordinator import Coordinator, ModelInfo
 from coral.runtime.transport import InprocHub, InprocTransport
 
 from .conftest import http, wait_until

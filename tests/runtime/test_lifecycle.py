@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from coral.runtime.cluster_config import InstanceSpec, StageSpec, parse_cluster
+from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec, parse_cluster
 from coral.runtime.deploy.deployment import Deployment
-from coral.runtime.lifecycle import reconcile
-from coral.runtime.loadgen import one_request, run_bench, workload
+from coral.runtime.deploy.lifecycle import reconcile
+from coral.runtime.serving.loadgen import one_request, run_bench, workload
 
 from .conftest import http, wait_until
 
@@ -182,7 +182,7 @@ def test_bench_tool_reports_every_request(dep: Deployment) -> None:
 
 
 def test_bench_takes_the_context_from_the_server(dep: Deployment) -> None:
-    from coral.runtime.loadgen import server_max_context
+    from coral.runtime.serving.loadgen import server_max_context
 
     assert dep.coordinator is not None
     assert dep.coordinator.models["llama"].max_context == server_max_context(dep.url, "llama")
@@ -193,7 +193,7 @@ def test_bench_takes_the_context_from_the_server(dep: Deployment) -> None:
 def test_bench_cli_arguments(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from coral.runtime.loadgen import bench_serve, parse_goodput
+    from coral.runtime.serving.loadgen import bench_serve, parse_goodput
 
     assert {"ttft": 500.0, "tpot": 50.0} == parse_goodput(["ttft:500 tpot:50"]) == parse_goodput(["ttft:500", "tpot:50"])
     r = CliRunner().invoke(bench_serve, ["--url", "http://127.0.0.1:9", "--model", "m", "--duration-s", "1"])

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from coral.runtime.inproc import start_inproc_instance
-from coral.runtime.model import (
+from coral.runtime.engine.inproc import start_inproc_instance
+from coral.runtime.engine.model import (
     BUILTIN_CONFIGS,
     ShardSpec,
     load_shard,

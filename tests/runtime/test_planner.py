@@ -2,8 +2,8 @@
 import dataclasses
 from pathlib import Path
 
-from coral.runtime.cluster_config import load_cluster
-from coral.runtime.planner import AllocatorPlanner
+from coral.runtime.deploy.cluster_config import load_cluster
+from coral.runtime.deploy.planner import AllocatorPlanner
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-tiny.yaml"
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 
 from .conftest import http, wait_until
@@ -99,7 +99,7 @@ def test_each_engine_uses_the_gpu_ray_gave_it(dep: Deployment) -> None:
 
 def test_tensor_parallel_node_gets_its_gpus_as_cuda_0_and_1(dep: Deployment) -> None:
     """A 2xL40S node with tp 2: both ranks in the node's actor, on the two GPUs Ray gave it."""
-    from coral.runtime.cluster_config import InstanceSpec, StageSpec
+    from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 
     prov, coord, cluster = dep.provisioner, dep.coordinator, dep.cluster
     assert isinstance(prov, RayProvisioner) and coord is not None and dep.transport is not None

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from coral.policy import SmoothWRR
-from coral.runtime.coordinator import InstanceView, RouteStates, pick_decode, pick_prefill
+from coral.runtime.serving.coordinator import InstanceView, RouteStates, pick_decode, pick_prefill
 
 
 def _view(i: str, phase: str, region: str, tp: float = 1.0, index: int = 0) -> InstanceView:

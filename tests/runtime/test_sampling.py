@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from coral.runtime.engine.sampling import sample_batch
 from coral.runtime.protocol import SamplingParams
-from coral.runtime.sampling import sample_batch
 
 # logits of a 5-token vocabulary; softmax ≈ [0.032, 0.087, 0.237, 0.644, 0.0]
 LOGITS = torch.tensor([1.0, 2.0, 3.0, 4.0, -30.0])

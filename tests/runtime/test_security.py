@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coral.runtime.cli import keys
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
+from coral.runtime.deploy.serve_cli import keys
 from coral.runtime.protocol import Drain, Shutdown, encode
 from coral.runtime.transport import CurveKeys
 

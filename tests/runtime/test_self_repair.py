@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
-from coral.runtime.lifecycle import shape_key
+from coral.runtime.deploy.lifecycle import shape_key
 
 from .conftest import http, wait_until
 from .test_lifecycle import Load
@@ -100,7 +100,7 @@ def test_every_engine_killed_in_turn_under_load_comes_back_without_a_hand_action
             # the loss shows (the heartbeat timeout is 1 s), then, with no hand action (no epoch, no POST
             # /admin/plan), the model is back to ok and serves again
             assert wait_until(lambda: any(ts > kills[-1] and h != "ok" for ts, _s, h in health.seen), 20), f"{name}/{node}"
-            assert wait_until(lambda: load.completed >= n + 3 and health.seen[-1][2] == "ok", 60), f"{name}/{node}: {health.seen[-5:]}"
+            assert wait_until(lambda n=n: load.completed >= n + 3 and health.seen[-1][2] == "ok", 60), f"{name}/{node}: {health.seen[-5:]}"
             assert wait_until(lambda: not ctl.repairs, 30), ctl.repairs
     assert load.sent == load.completed + len(load.errors)
     # the requests hit by a failure were resent (or held for the replacement), so none surfaced to a client

@@ -9,10 +9,10 @@ import yaml
 from click.testing import CliRunner
 
 from coral.cli import main
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.mapping import cluster_from_plan_file
-from coral.runtime.model import BUILTIN_CONFIGS
+from coral.runtime.engine.model import BUILTIN_CONFIGS
 
 from .conftest import http
 
@@ -102,7 +102,7 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
 
     from coral.runtime.deploy.mapping import cluster_from_plan
     from coral.runtime.deploy.plan_file import load_plan_file
-    from coral.runtime.planner import PlanPlanner
+    from coral.runtime.deploy.planner import PlanPlanner
 
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump({**PHI, "models": [{**PHI["models"][0], "workload": {
@@ -120,7 +120,7 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
         assert coord is not None
         s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": [1, 2], "max_tokens": 2})
         assert 200 == s, b
-        with caplog.at_level(logging.WARNING, logger="coral.runtime.lifecycle"):
+        with caplog.at_level(logging.WARNING, logger="coral.runtime.deploy.lifecycle"):
             actions = ctl.epoch()  # two tokens in an epoch: far below the plan's demand
         drains = sorted(a.name for a in actions if a.kind == "drain")
         assert drains, "an idle cluster kept every instance"

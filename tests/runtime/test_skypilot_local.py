@@ -18,13 +18,13 @@ import yaml
 from click.testing import CliRunner
 
 from coral.cli import main
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.export import CONTROL_PLANE, control_cluster, export_skypilot
 from coral.runtime.deploy.plan_file import load_plan_file
+from coral.runtime.deploy.provisioner import LocalProvisioner
 from coral.runtime.deploy.secrets import write_secrets
-from coral.runtime.model import BUILTIN_CONFIGS, seeded_state_dict
-from coral.runtime.provisioner import LocalProvisioner
+from coral.runtime.engine.model import BUILTIN_CONFIGS, seeded_state_dict
 
 from .conftest import http
 from .test_pipeline_inproc import reference

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from coral.runtime.inproc import start_inproc_instance
-from coral.runtime.model import BUILTIN_CONFIGS
+from coral.runtime.engine.inproc import start_inproc_instance
+from coral.runtime.engine.model import BUILTIN_CONFIGS
 from coral.runtime.protocol import Submit
 from coral.runtime.transport import InprocHub, InprocTransport
 

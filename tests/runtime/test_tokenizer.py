@@ -10,7 +10,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from tokenizers import decoders as tok_decoders
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import parse_cluster
+from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.serving.tokenizer import ByteTokenizer, HfTokenizer, load_tokenizer
 

@@ -32,7 +32,7 @@ RUNTIME_COMMANDS = ["bench", "keys", "profile", "serve"]
 
 def _runtime_installed() -> bool:
     try:
-        importlib.import_module("coral.runtime.cli")
+        importlib.import_module("coral.runtime.deploy.serve_cli")
         importlib.import_module("coral.experiments.profile_cmd")
     except ImportError:
         return False

@@ -26,9 +26,9 @@ LAZY_COMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("coral.experiments.cli", "experiment"),
     "export": ("coral.runtime.deploy.cli", "export_cmd"),
     # these need the runtime extra (torch, pyzmq): without it they are not commands at all
-    "serve": ("coral.runtime.cli", "serve"),
-    "keys": ("coral.runtime.cli", "keys"),
-    "bench": ("coral.runtime.loadgen", "bench_serve"),
+    "serve": ("coral.runtime.deploy.serve_cli", "serve"),
+    "keys": ("coral.runtime.deploy.serve_cli", "keys"),
+    "bench": ("coral.runtime.serving.loadgen", "bench_serve"),
     "profile": ("coral.experiments.profile_cmd", "profile"),
 }
 

@@ -12,8 +12,8 @@ from coral.cli.common import console, emit_json, json_opt
 
 @click.command("calibrate")
 @click.option("--profiles", type=click.Path(), default=None,
-              help="Folder of Helix *_bs2time.csv files (default: shared/data/profiles/helix_llama2_70b).")
-@click.option("--data-dir", type=click.Path(), default=None, help="Copy of shared/data (default: $CORAL_DATA_DIR or ../shared/data).")
+              help="Folder of Helix *_bs2time.csv files (default: profiles/helix_llama2_70b of the public data).")
+@click.option("--data-dir", type=click.Path(), default=None, help="Public data folder holding profiles/ (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
 @click.option("--all-points", is_flag=True, help="Print every point, not a summary per node and phase.")
 @json_opt
 def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, as_json: bool) -> None:
@@ -26,10 +26,10 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
 
     from coral.catalog import builtin_catalog
     from coral.perf.calibrate import calibration_report
-    from coral.workload_data import shared_data_dir
+    from coral.workload_data import public_data_path
 
-    folder = profiles or str(shared_data_dir(data_dir) / "profiles" / "helix_llama2_70b")
-    vidur = shared_data_dir(data_dir) / "profiles" / "vidur" if (profiles is None or data_dir is not None) else None
+    folder = profiles or str(public_data_path("profiles/helix_llama2_70b", data_dir))
+    vidur = public_data_path("profiles/vidur", data_dir) if (profiles is None or data_dir is not None) else None
     rep = calibration_report(folder, vidur, builtin_catalog())
     summary, tp = rep.layer_summary, rep.speedup_summary
     if as_json:

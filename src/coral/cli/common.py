@@ -2,13 +2,15 @@
 and library preparation of `coral plan` and `coral simulate`."""
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from coral.cli_support import err_console, progress_display, stdout_console
+from coral.cli_support import err_console, pick_scenario, progress_display, stdout_console
 
 console = stdout_console()
 
@@ -19,7 +21,19 @@ def emit_json(data: Any) -> None:
 
 json_opt = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
-scenario_opt = click.option("--scenario", "scenario_name", required=True, help="Built-in scenario name or YAML path.")
+
+def scenario_opt(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The scenario a command works on: a positional SCENARIO (built-in name or YAML file), with
+    `--scenario` kept as an alias; the command receives it as `scenario_name`."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, scenario_arg: str | None, scenario_flag: str | None, **kwargs: Any) -> Any:
+        return f(*args, scenario_name=pick_scenario(scenario_arg, scenario_flag), **kwargs)
+
+    wrapper = click.option("--scenario", "scenario_flag", default=None, metavar="SCENARIO",
+                           help="The same as the SCENARIO argument: a built-in name or a YAML file.")(wrapper)
+    return click.argument("scenario_arg", metavar="SCENARIO", required=False)(wrapper)
+
 method_opt = click.option("--method", type=click.Choice(["coral", "homo", "cauchy", "template-greedy"]), default="coral",
                            show_default=True, help="Allocation method (the baselines use the same templates and catalog).")
 avail_opt = click.option("--availability", type=click.Choice(["abundant", "tight"]), default="abundant", show_default=True,

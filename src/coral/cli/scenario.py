@@ -7,7 +7,7 @@ import click
 from rich.table import Table
 
 from coral.atomic import write_text
-from coral.cli.common import console, emit_json, json_opt
+from coral.cli.common import console, emit_json, json_opt, scenario_opt
 from coral.cli_support import CoralGroup, check_output_path, err_console
 from coral.errors import CoralError
 
@@ -57,13 +57,13 @@ def scenario_summary(s: Any) -> dict[str, Any]:
 
 
 @scenario.command("show")
-@click.argument("name")
+@scenario_opt
 @json_opt
-def scenario_show(name: str, as_json: bool) -> None:
-    """Print scenario NAME (built-in name or YAML path) resolved: specs, demand, prices, availability."""
+def scenario_show(scenario_name: str, as_json: bool) -> None:
+    """Print SCENARIO (built-in name or YAML path) resolved: specs, demand, prices, availability."""
     from coral.scenario import load_scenario
 
-    s = load_scenario(name)
+    s = load_scenario(scenario_name)
     data = scenario_summary(s)
     for line in data["warnings"]:
         err_console.print(f"[yellow]warning:[/] {line}")

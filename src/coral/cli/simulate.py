@@ -40,7 +40,7 @@ from coral.cli_support import check_output_path, err_console, progress_display
               help="Re-planning period (default: the scenario's, 360 s).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Copy of shared/data holding the traces (default: $CORAL_DATA_DIR or ../shared/data).")
+              help="Folder holding traces/ for the built-in datasets (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
 @jobs_opt
 @cache_opt
 @nmax_opt
@@ -98,13 +98,13 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
 def demo() -> None:
     """A one-minute tour on the `core` scenario: catalog, scenario, one perf figure, one template.
 
-    (`make demo` runs the main job instead: `coral experiment cost --setup core`.)
+    (`make demo` runs the main job instead: `coral experiment cost core`.)
     """
     ctx = click.get_current_context()
     console.rule("coral catalog configs")
     ctx.invoke(catalog_configs, prices=None, as_json=False)
     console.rule("coral scenario show core")
-    ctx.invoke(scenario_show, name="core", as_json=False)
+    ctx.invoke(scenario_show, scenario_arg="core", as_json=False)
     console.rule("coral perf --model llama-2-70b --node 1xA100-40GB --phase prefill --batch 1 --prompt-tokens 1000")
     ctx.invoke(perf_cmd, model="llama-2-70b", node="1xA100-40GB", phase="prefill", batch=1, prompt_tokens=1000.0,
                output_tokens=0.0, stages=1, profile=None, as_json=False)

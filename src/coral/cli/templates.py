@@ -9,7 +9,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from coral.cli.common import console, emit_json, json_opt
+from coral.cli.common import console, emit_json, json_opt, scenario_opt
 from coral.cli_support import CoralGroup, check_output_path, err_console, progress_display
 from coral.errors import CoralError
 
@@ -128,7 +128,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 
 
 @templates.command("build")
-@click.option("--scenario", "scenario_name", required=True, help="Built-in scenario name or YAML path.")
+@scenario_opt
 @click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Worker processes.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
@@ -179,7 +179,7 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
 
 
 @templates.command("show")
-@click.option("--scenario", "scenario_name", required=True)
+@scenario_opt
 @click.option("--model", default=None)
 @click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None)
 @click.option("--region", default=None, help="Price templates in this region (default: the scenario's first).")

@@ -19,6 +19,7 @@ from coral.cli_support import (
     CoralGroup,
     check_output_path,
     err_console,
+    pick_scenario,
     progress_display,
     stdout_console,
 )
@@ -33,13 +34,13 @@ def experiment() -> None:
     """The paper's evaluation (§6) in simulation: one sub-command per study, or `all`.
 
     \b
-      coral experiment cost --setup core          §6.3 hourly cost, abundant GPUs
-      coral experiment goodput --setup core       §6.4 goodput, tight availability
-      coral experiment skew --setup core          §6.5 large-heavy / small-heavy demand
-      coral experiment helix                      §6.6 Llama-2-70B on Helix's cluster
-      coral experiment ablation --setup core      §6.7 template-greedy vs Coral
-      coral experiment sensitivity --setup core   §6.8 n_max x rho sweep
-      coral experiment all --setup core           all of them, one report
+      coral experiment cost core             §6.3 hourly cost, abundant GPUs
+      coral experiment goodput core          §6.4 goodput, tight availability
+      coral experiment skew core             §6.5 large-heavy / small-heavy demand
+      coral experiment helix                 §6.6 Llama-2-70B on Helix's cluster
+      coral experiment ablation core         §6.7 template-greedy vs Coral
+      coral experiment sensitivity core      §6.8 n_max x rho sweep
+      coral experiment all core              all of them, one report
 
     Each writes report.md, summary.json and figures/*.png into --out
     (default runs/NAME-SETUP-TIMESTAMP).
@@ -84,7 +85,7 @@ def _clean(x: Any) -> Any:
 
 def _command(name: str, setup: str, out: Path, jobs: int, seed: int, duration_s: float | None, quick: bool,
              extra: list[str]) -> str:
-    parts = ["coral", "experiment", name, "--setup", setup, "--out", str(out), "--jobs", str(jobs), "--seed", str(seed)]
+    parts = ["coral", "experiment", name, setup, "--out", str(out), "--jobs", str(jobs), "--seed", str(seed)]
     if duration_s is not None:
         parts += ["--duration-s", f"{duration_s:g}"]
     if quick:
@@ -146,8 +147,10 @@ def _write(out_dir: Path, name: str, meta: dict[str, Any], result: dict[str, Any
 
 def _command_for(name: str, doc: str) -> click.Command:
     @click.command(name, help=doc)
-    @click.option("--setup", type=click.Choice(SETUPS), default="core", show_default=True,
-                  help="The paper's core or extended setup (ignored by `helix`, which has its own scenario).")
+    @click.argument("setup_arg", metavar="[SETUP]", type=click.Choice(SETUPS), required=False)
+    @click.option("--setup", "setup_flag", type=click.Choice(SETUPS), default=None,
+                  help="The same as the SETUP argument: the paper's core or extended setup, default core "
+                       "(ignored by `helix`, which has its own scenario).")
     @click.option("--out", type=click.Path(file_okay=False), default=None,
                   help="Output folder (default runs/NAME-SETUP-TIMESTAMP); replaced atomically.")
     @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True,
@@ -160,15 +163,17 @@ def _command_for(name: str, doc: str) -> click.Command:
     @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
                   help="Template cache folder (default $CORAL_CACHE_DIR or ~/.cache/coral/templates).")
     @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-                  help="Copy of shared/data holding the traces (default $CORAL_DATA_DIR or ../shared/data).")
+                  help="Folder holding traces/ for the built-in datasets (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
     @click.option("--arrival", type=click.Choice(["trace", "poisson"]), default=None,
                   help="Override every model's arrival process (default: the scenario's, trace replay); "
                        "poisson keeps the traces' request lengths.")
     @click.option("--n-max", type=click.IntRange(1, 8), default=None,
                   help="Override the scenario's n_max for the template libraries (recorded in the report); "
                        "e.g. 4 for `extended`, whose n_max 6 library takes about an hour to build here.")
-    def cmd(setup: str, out: str | None, jobs: int, seed: int, duration_s: float | None, quick: bool,
-            cache_dir: str | None, data_dir: str | None, arrival: str | None, n_max: int | None) -> None:
+    def cmd(setup_arg: str | None, setup_flag: str | None, out: str | None, jobs: int, seed: int,
+            duration_s: float | None, quick: bool, cache_dir: str | None, data_dir: str | None, arrival: str | None,
+            n_max: int | None) -> None:
+        setup = pick_scenario(setup_arg, setup_flag, what="SETUP", flag_name="--setup", default="core")
         _run(name, setup, out, jobs, seed, duration_s, quick, cache_dir, data_dir, arrival, n_max)
 
     return cmd

@@ -877,7 +877,7 @@ def _fmt(x: float | None) -> str:
 @click.option("--node", default="1xL4", show_default=True, help="Catalog configuration used as the label of this host's nodes.")
 @click.option("--profile", "profile_csv", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Reuse this `coral profile` CSV (with its .host.json) instead of profiling first.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Folder holding traces/ (default: the shared data).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Folder holding traces/ (default: $CORAL_DATA_DIR, else the copy shipped with Coral).")
 @click.option("--dataset", default="azure-conv", show_default=True, help="Trace: azure-conv, azure-code, burstgpt or a CSV path.")
 @click.option("--duration", "duration_s", type=click.FloatRange(min=1), default=None, help="Seconds of trace to replay [150; quick 25].")
 @click.option("--load", type=click.FloatRange(0, 1, min_open=True), default=0.35, show_default=True,

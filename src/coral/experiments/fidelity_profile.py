@@ -1,6 +1,6 @@
 """Profiling the runtime's layer-range module and its wire on this host (for `coral profile` and the fidelity study).
 
-Per-layer latency is measured on the runtime's own shard (`coral.runtime.model.load_shard`),
+Per-layer latency is measured on the runtime's own shard (`coral.runtime.engine.model.load_shard`),
 run the way the engine runs a micro-batch: one batched forward pass of all its requests over
 the engine's paged KV cache (`Shard.forward_batch`, the step's index tensors built by
 `PagedKvCache.prepare`), the packed hidden states put into a `TensorBlob` for the next stage,
@@ -112,7 +112,7 @@ def resolve_runtime_model(model: str) -> tuple[str, dict[str, Any]]:
     Raises:
         CoralError: an unknown name or unreadable file.
     """
-    from coral.runtime.model import BUILTIN_CONFIGS
+    from coral.runtime.engine.model import BUILTIN_CONFIGS
 
     if model in EXTRA_CONFIGS:
         return model, dict(EXTRA_CONFIGS[model])
@@ -140,7 +140,7 @@ def _run_items(shard: Any, kv: Any, seqs: list[str], position: int, n_new: int, 
     """One micro-batch through a shard, as the engine does it: one batched pass over its KV pool."""
     import torch
 
-    from coral.runtime.model import select_tokens
+    from coral.runtime.engine.model import select_tokens
     from coral.runtime.protocol import TensorBlob
 
     spec = shard.spec
@@ -240,7 +240,7 @@ def measure_layers(
     Raises:
         CoralError: a model with fewer than 4 layers, or lengths beyond its context.
     """
-    from coral.runtime.model import ShardSpec, load_shard
+    from coral.runtime.engine.model import ShardSpec, load_shard
 
     n_layers = int(config["num_hidden_layers"])
     if n_layers < 4:

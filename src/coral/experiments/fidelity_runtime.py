@@ -113,7 +113,7 @@ class Served:
                 old.unlink()
             env["CORAL_STEP_TRACE"] = str(self.step_trace_dir.resolve())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "coral.runtime.cli", "--config", str(cfg), "--port", "0", "--ready-file", str(ready),
+            [sys.executable, "-m", "coral.runtime.deploy.serve_cli", "--config", str(cfg), "--port", "0", "--ready-file", str(ready),
              "--startup-timeout", str(self.startup_timeout_s)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
@@ -351,7 +351,7 @@ class RealRequest:
 
 def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray, *,
            vocab_size: int, seed: int = 0, timeout_s: float = 300.0) -> list[RealRequest]:
-    """Send every request at its arrival offset (open loop, :func:`coral.runtime.loadgen.replay`), streaming, greedy.
+    """Send every request at its arrival offset (open loop, :func:`coral.runtime.serving.loadgen.replay`), streaming, greedy.
 
     Prompts are random token ids (seeded); `max_tokens` is the trace's output length (the
     served model has no EOS token, so every request produces exactly that many tokens).
@@ -359,7 +359,7 @@ def replay(url: str, model: str, arrival_s: np.ndarray, prompt_tokens: np.ndarra
     Returns:
         One record per request, in trace order.
     """
-    from coral.runtime.loadgen import replay as load_replay
+    from coral.runtime.serving.loadgen import replay as load_replay
 
     rng = np.random.default_rng(seed)
     recs = [RealRequest(index=i, arrival_s=float(a), prompt_tokens=int(p), output_tokens=int(d))
@@ -386,9 +386,9 @@ def runtime_overhead(cluster: dict[str, Any], *, requests: int = 16, prompt_toke
     Returns:
         (median TTFT s, median TPOT s).
     """
-    from coral.runtime.cluster_config import parse_cluster
+    from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
-    from coral.runtime.provisioner import LocalProvisioner
+    from coral.runtime.deploy.provisioner import LocalProvisioner
 
     spec = parse_cluster(cluster, "fidelity cluster")
     vocab = int(cluster["models"][0]["hf_config"]["vocab_size"])

@@ -165,7 +165,7 @@ class TensorBlob:
 
 
 class SamplingParams(_Msg, frozen=True):
-    """How the last stage picks a request's tokens (see :mod:`coral.runtime.sampling`)."""
+    """How the last stage picks a request's tokens (see :mod:`coral.runtime.engine.sampling`)."""
 
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0

@@ -239,9 +239,9 @@ def _perf_model(file: ScenarioFile, catalog: Catalog, base: Path | None) -> Perf
         return load_profile_csv(_resolve_path(file.perf.profile, base), catalog, fallback=roofline)
     folder = file.perf.profile
     if folder is None:
-        from coral.workload_data import shared_data_dir
+        from coral.workload_data import public_data_path
 
-        folder = str(shared_data_dir() / "profiles" / "helix_llama2_70b")
+        folder = str(public_data_path("profiles/helix_llama2_70b"))
     return profile_from_helix(_resolve_path(folder, base), catalog, fallback=roofline)
 
 

@@ -18,7 +18,7 @@ from coral.workload.lengths import (
     Lognormal,
     LognormalLengths,
 )
-from coral.workload.loaders import LoadedTrace, load_azure, load_burstgpt, load_csv, load_trace_file
+from coral.workload.loaders import load_azure, load_burstgpt, load_csv, load_trace_file
 from coral.workload.shift import (
     ConstantShift,
     DiurnalShift,
@@ -40,7 +40,7 @@ from coral.workload.spec import (
     model_seed,
     parse_workload_spec,
 )
-from coral.workload.trace import Trace
+from coral.workload.trace import LoadedTrace, Trace
 from coral.workload.transform import (
     assign_datasets,
     cut,

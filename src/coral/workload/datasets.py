@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 from coral.errors import CoralError
 from coral.workload.lengths import AZURE_CODE_LENGTHS, AZURE_CONV_LENGTHS, LognormalLengths
-from coral.workload.loaders import LoadedTrace, load_trace_file
+from coral.workload.loaders import load_trace_file
+from coral.workload.trace import LoadedTrace
 
 DATA_DIR_ENV = "CORAL_DATA_DIR"
 
@@ -17,7 +19,7 @@ BUILTIN_DATASET_FILES = {
     "burstgpt": "traces/burstgpt_1_first400.csv.gz",
 }
 # Mean (prompt, output) tokens of the built-in trace files: the Azure figures are the published ones
-# (shared/data/README.md); BurstGPT's are those of the 383 requests the loader keeps from its 400 rows.
+# (coral/data/README.md); BurstGPT's are those of the 383 requests the loader keeps from its 400 rows.
 BUILTIN_DATASET_MEANS_TOK = {
     "azure-code": (2047.8, 27.9),
     "azure-conv": (1154.7, 211.1),
@@ -33,23 +35,21 @@ SYNTHETIC = "synthetic"
 DATASET_NAMES = (*BUILTIN_DATASET_FILES, SYNTHETIC, *SYNTHETIC_FITS)
 
 
-def checkout_data_dir() -> Path | None:
-    """`<repo>/../shared/data` when Coral runs from a source checkout, else None.
+def builtin_data_dir() -> Path:
+    """The public data shipped inside the package (`coral/data`: traces, profiles, prices,
+    model configs; provenance and licences in its README.md).
 
     Returns:
-        The path (which may not exist), or None for an installed package.
+        The folder (a real directory: the package is installed from a wheel or a checkout).
     """
-    repo = Path(__file__).resolve().parents[3]
-    if (repo / "pyproject.toml").is_file() and (repo / "src" / "coral").is_dir():
-        return (repo / ".." / "shared" / "data").resolve()
-    return None
+    return Path(str(resources.files("coral") / "data"))
 
 
 def data_dir_candidates(data_dir: Path | str | None = None) -> list[tuple[Path, str]]:
     """The folders searched for built-in datasets, in order, each with where it came from.
 
     An explicit `data_dir` is the only candidate; otherwise `$CORAL_DATA_DIR` (when set),
-    then `<repo>/../shared/data` (source checkouts only).
+    then the copy shipped with Coral (`builtin_data_dir`).
 
     Args:
         data_dir: an explicit data directory (the CLI's `--data-dir`), or None.
@@ -63,9 +63,7 @@ def data_dir_candidates(data_dir: Path | str | None = None) -> list[tuple[Path, 
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         out.append((Path(env), f"${DATA_DIR_ENV}"))
-    checkout = checkout_data_dir()
-    if checkout is not None:
-        out.append((checkout, "source checkout"))
+    out.append((builtin_data_dir(), "shipped with Coral"))
     return out
 
 

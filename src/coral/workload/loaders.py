@@ -11,55 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from coral.errors import CoralError
-from coral.workload.trace import FloatArray, IntArray, Trace
+from coral.workload import trace_cache
+from coral.workload.trace import FloatArray, IntArray, LoadedTrace, Trace
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens")
 CSV_DEFAULT_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 _GZIP_MAGIC = b"\x1f\x8b"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
-class LoadedTrace:
-    """A trace read from a file, with what the loader dropped on the way.
-
-    `rows_read` counts the file's data rows. BurstGPT rows with 0 response tokens are failed
-    requests (`dropped_failed`); rows with 0 request tokens (`dropped_empty_prompt`) have
-    nothing to prefill; rows of other models than the ones asked for are `filtered_out`.
-    """
-
-    trace: Trace
-    path: Path
-    format: str
-    rows_read: int
-    dropped_failed: int = 0
-    dropped_empty_prompt: int = 0
-    filtered_out: int = 0
-
-    def __post_init__(self) -> None:
-        if min(self.rows_read, self.dropped_failed, self.dropped_empty_prompt, self.filtered_out) < 0:
-            raise ValueError(f"{self.path}: row counts must be >= 0")
-        if self.rows_read != len(self.trace) + self.dropped + self.filtered_out:
-            raise ValueError(
-                f"{self.path}: rows_read {self.rows_read} != kept {len(self.trace)} + dropped {self.dropped} "
-                f"+ filtered out {self.filtered_out}"
-            )
-
-    @property
-    def dropped(self) -> int:
-        """Rows dropped as unusable (failed or empty-prompt requests)."""
-        return self.dropped_failed + self.dropped_empty_prompt
-
-    def describe(self) -> str:
-        """One line for logs and the CLI: what was read and what was dropped."""
-        text = f"{self.path.name} ({self.format}): {self.rows_read} rows, {len(self.trace)} requests kept"
-        if self.dropped_failed:
-            text += f", {self.dropped_failed} failed requests (0 output tokens) dropped"
-        if self.dropped_empty_prompt:
-            text += f", {self.dropped_empty_prompt} requests with 0 prompt tokens dropped"
-        if self.filtered_out:
-            text += f", {self.filtered_out} rows of other models filtered out"
-        return text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -349,11 +307,9 @@ def load_trace_file(path: Path | str, *, columns: Sequence[str] | None = None, n
     Raises:
         CoralError: a missing file, an unrecognised header, or bad values.
     """
-    from coral.workload import trace_cache
-
     path, raw = _read_raw(path)
     cols = None if columns is None else tuple(columns)
-    key = trace_cache.key_of(raw, ("load_trace_file", path.name, cols, name))
+    key = trace_cache.key_of(raw, ("load_trace_file", path.name, cols, name), loader=__file__)
     hit = trace_cache.get(key, path)
     if hit is not None:
         return hit

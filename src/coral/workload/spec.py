@@ -259,7 +259,7 @@ class WorkloadSpec(_Spec):
         Args:
             duration_s: the run's length in seconds, > 0.
             seed: the seed (same seed, same trace).
-            data_dir: where built-in datasets live (default `$CORAL_DATA_DIR`, then the checkout's data).
+            data_dir: where built-in datasets live (default `$CORAL_DATA_DIR`, then the copy shipped with Coral).
             name: the trace's name; default the dataset.
             base_dir: the folder relative CSV paths are resolved against (default the current one).
             extra_shift: a multiplier applied on top of `shift` (e.g. a large-heavy split).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
@@ -137,3 +138,46 @@ class Trace:
             output_tokens=self.output_tokens,
             window_s=self.window_s,
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class LoadedTrace:
+    """A trace read from a file, with what the loader dropped on the way.
+
+    `rows_read` counts the file's data rows. BurstGPT rows with 0 response tokens are failed
+    requests (`dropped_failed`); rows with 0 request tokens (`dropped_empty_prompt`) have
+    nothing to prefill; rows of other models than the ones asked for are `filtered_out`.
+    """
+
+    trace: Trace
+    path: Path
+    format: str
+    rows_read: int
+    dropped_failed: int = 0
+    dropped_empty_prompt: int = 0
+    filtered_out: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.rows_read, self.dropped_failed, self.dropped_empty_prompt, self.filtered_out) < 0:
+            raise ValueError(f"{self.path}: row counts must be >= 0")
+        if self.rows_read != len(self.trace) + self.dropped + self.filtered_out:
+            raise ValueError(
+                f"{self.path}: rows_read {self.rows_read} != kept {len(self.trace)} + dropped {self.dropped} "
+                f"+ filtered out {self.filtered_out}"
+            )
+
+    @property
+    def dropped(self) -> int:
+        """Rows dropped as unusable (failed or empty-prompt requests)."""
+        return self.dropped_failed + self.dropped_empty_prompt
+
+    def describe(self) -> str:
+        """One line for logs and the CLI: what was read and what was dropped."""
+        text = f"{self.path.name} ({self.format}): {self.rows_read} rows, {len(self.trace)} requests kept"
+        if self.dropped_failed:
+            text += f", {self.dropped_failed} failed requests (0 output tokens) dropped"
+        if self.dropped_empty_prompt:
+            text += f", {self.dropped_empty_prompt} requests with 0 prompt tokens dropped"
+        if self.filtered_out:
+            text += f", {self.filtered_out} rows of other models filtered out"
+        return text

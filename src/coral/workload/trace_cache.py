@@ -10,20 +10,19 @@ is skipped, and `CORAL_TRACE_CACHE=0` turns the disk part off.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from coral.atomic import write_bytes
 from coral.cache import default_cache_dir, source_version, switched_on
-from coral.workload.trace import Trace
-
-if TYPE_CHECKING:
-    from coral.workload.loaders import LoadedTrace
+from coral.workload import trace as trace_module
+from coral.workload.trace import LoadedTrace, Trace
 
 FORMAT = 1
 _MEMO_MAX = 32
@@ -40,17 +39,16 @@ def store_dir() -> Path:
     return default_cache_dir() / "traces"
 
 
-@lru_cache(maxsize=1)
-def _code_version() -> str:
-    """The loaders' and the trace's source: a change to either changes every key."""
-    from coral.workload import loaders, trace
-
-    return source_version(loaders.__file__, trace.__file__, extra=np.__version__)
+@lru_cache(maxsize=4)
+def _code_version(loader: str) -> str:
+    """The loader's and the trace's source: a change to either changes every key."""
+    return source_version(loader, trace_module.__file__, extra=np.__version__)
 
 
-def key_of(raw: bytes, args: object) -> str:
-    """The key of one parse: the file's bytes and the loader's arguments (`repr`-able)."""
-    h = hashlib.sha256(f"coral-trace-{FORMAT}-{_code_version()}-{args!r}".encode())
+def key_of(raw: bytes, args: object, *, loader: str) -> str:
+    """The key of one parse: the file's bytes, the loader's arguments (`repr`-able) and the
+    loader's source file (`__file__` of the module that parses)."""
+    h = hashlib.sha256(f"coral-trace-{FORMAT}-{_code_version(loader)}-{args!r}".encode())
     h.update(raw)
     return h.hexdigest()[:32]
 
@@ -69,8 +67,6 @@ def get(key: str, path: Path) -> LoadedTrace | None:
                 return None
             trace = Trace(name=meta["name"], arrival_s=data["arrival_s"], prompt_tokens=data["prompt_tokens"],
                           output_tokens=data["output_tokens"], window_s=meta["window_s"])
-        from coral.workload.loaders import LoadedTrace
-
         loaded = LoadedTrace(trace=trace, path=path, format=meta["trace_format"], rows_read=meta["rows_read"],
                              dropped_failed=meta["dropped_failed"], dropped_empty_prompt=meta["dropped_empty_prompt"],
                              filtered_out=meta["filtered_out"])
@@ -82,8 +78,6 @@ def get(key: str, path: Path) -> LoadedTrace | None:
 
 def put(key: str, loaded: LoadedTrace) -> None:
     """Keep `loaded` (a `LoadedTrace`) under `key`, in memory and (atomically) on disk."""
-    from coral.atomic import write_bytes
-
     _remember(key, loaded)
     if not enabled():
         return
@@ -110,6 +104,4 @@ def _remember(key: str, loaded: LoadedTrace) -> None:
 
 def _at(loaded: LoadedTrace, path: Path) -> LoadedTrace:
     """`loaded` as read from `path` (the same bytes may sit under another name)."""
-    import dataclasses
-
     return loaded if loaded.path == path else dataclasses.replace(loaded, path=path)

@@ -1,4 +1,4 @@
-"""Fixtures for the workload tests: the shared data directory and small trace files."""
+"""Fixtures for the workload tests: the public data shipped with Coral and small trace files."""
 from __future__ import annotations
 
 import gzip
@@ -9,9 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def shared_data(data_dir: Path) -> Path:
-    """The public data folder (tests/conftest.py); the test is skipped when it has no traces."""
-    if not (data_dir / "traces").is_dir():
-        pytest.skip(f"{data_dir}/traces is absent (set CORAL_DATA_DIR to a copy of shared/data)")
+    """The public data folder (tests/conftest.py)."""
     return data_dir
 
 
@@ -22,11 +20,11 @@ def traces_dir(shared_data: Path) -> Path:
 
 @pytest.fixture
 def no_data_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An empty data directory in $CORAL_DATA_DIR and no checkout fallback: as on an installed package."""
+    """An empty data directory in $CORAL_DATA_DIR and none shipped: as if the package data were missing."""
     empty = tmp_path / "empty-data"
     empty.mkdir()
     monkeypatch.setenv("CORAL_DATA_DIR", str(empty))
-    monkeypatch.setattr("coral.workload.datasets.checkout_data_dir", lambda: None)
+    monkeypatch.setattr("coral.workload.datasets.builtin_data_dir", lambda: tmp_path / "no-package-data")
     return empty
 
 

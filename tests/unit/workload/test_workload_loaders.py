@@ -10,7 +10,7 @@ import pytest
 from coral.errors import CoralError
 from coral.workload import load_azure, load_burstgpt, load_csv, load_trace_file
 
-# Facts from shared/data/README.md: requests, prompt mean / median / max, output mean / median / max,
+# Facts from coral/data/README.md: requests, prompt mean / median / max, output mean / median / max,
 # first and last timestamp (span in seconds, to whole seconds).
 AZURE_FACTS = {
     "azure_llm_2023_code.csv.gz": (8819, 2047.8, 1469, 7437, 27.9, 13, 1899, "18:17:03", "19:14:19"),

@@ -121,20 +121,18 @@ def test_synthetic_azure_fits_need_no_data(no_data_dir: Path):
     assert 27.9 == pytest.approx(trace.mean_output_tok, rel=0.05)
 
 
-def test_data_dir_from_the_environment(monkeypatch: pytest.MonkeyPatch, shared_data: Path):
-    monkeypatch.setattr("coral.workload.datasets.checkout_data_dir", lambda: None)
-    monkeypatch.setenv("CORAL_DATA_DIR", str(shared_data))
-    assert shared_data / "traces" / "burstgpt_1_first400.csv.gz" == dataset_path("burstgpt")
+def test_data_dir_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared_data: Path):
+    mine = tmp_path / "mine" / "traces"
+    mine.mkdir(parents=True)
+    (mine / "burstgpt_1_first400.csv.gz").write_bytes((shared_data / "traces" / "burstgpt_1_first400.csv.gz").read_bytes())
+    monkeypatch.setenv("CORAL_DATA_DIR", str(tmp_path / "mine"))
+    assert mine / "burstgpt_1_first400.csv.gz" == dataset_path("burstgpt")  # the override comes first
+    assert shared_data / "traces" / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv")  # then the shipped copy
 
 
-def test_checkout_fallback_and_explicit_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    from coral.workload.datasets import checkout_data_dir
-
-    checkout = checkout_data_dir()
-    if checkout is None or not (checkout / "traces").is_dir():
-        pytest.skip("no shared/data beside this checkout: the fallback has nothing to find")
+def test_shipped_copy_and_explicit_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shared_data: Path):
     monkeypatch.delenv("CORAL_DATA_DIR", raising=False)
-    assert checkout / "traces" / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv")
+    assert shared_data / "traces" / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv")
     (tmp_path / "azure_llm_2023_conv.csv.gz").write_bytes(b"")  # a flat folder works too
     assert tmp_path / "azure_llm_2023_conv.csv.gz" == dataset_path("azure-conv", tmp_path)
     with pytest.raises(CoralError, match=r"looked in .*--data-dir"):

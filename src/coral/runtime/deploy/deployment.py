@@ -1,7 +1,7 @@
 """A running cluster: the coordinator and its HTTP front end in this process, every instance
 through a provisioner, the plan controller, and a clean stop of all of it (what ``coral serve`` runs).
 
-Moved out of :mod:`coral.runtime.provisioner`, which the lifecycle controller imports: the
+Moved out of :mod:`coral.runtime.deploy.provisioner`, which the lifecycle controller imports: the
 deployment imports both, neither imports it.
 """
 
@@ -11,11 +11,11 @@ import time
 from typing import Any
 
 from coral.errors import CoralError
-from coral.runtime.cluster_config import ClusterSpec
-from coral.runtime.coordinator import Coordinator, ModelInfo
-from coral.runtime.lifecycle import Controller
-from coral.runtime.provisioner import LocalProvisioner, Provisioner
+from coral.runtime.deploy.cluster_config import ClusterSpec
+from coral.runtime.deploy.lifecycle import Controller
+from coral.runtime.deploy.provisioner import LocalProvisioner, Provisioner
 from coral.runtime.serving import ApiServer, ServerOptions
+from coral.runtime.serving.coordinator import Coordinator, ModelInfo
 from coral.runtime.serving.tokenizer import Tokenizer, load_tokenizer
 from coral.runtime.transport import CurveKeys, ZmqTransport
 
@@ -41,10 +41,10 @@ class Deployment:
         cluster: what to run (its instances are the first plan).
         provisioner: how to start instances (default: :class:`LocalProvisioner`).
         http_port: override the cluster file's HTTP port (0 = any free port).
-        planner: re-planning function for the epoch loop (see :mod:`coral.runtime.lifecycle`).
+        planner: re-planning function for the epoch loop (see :mod:`coral.runtime.deploy.lifecycle`).
         coordinator_port: the coordinator's ZeroMQ port (0 = any free one).
         dry_run: serve the first plan, then only log what later plan changes would do.
-        prices: shape -> $/h of one instance (:func:`coral.runtime.lifecycle.shape_key`), for the
+        prices: shape -> $/h of one instance (:func:`coral.runtime.deploy.lifecycle.shape_key`), for the
             plan-cost metric; None for a cluster file without prices.
         body_deadline_s: override the cluster file's whole-body deadline of HTTP requests.
         """

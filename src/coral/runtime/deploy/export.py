@@ -134,7 +134,7 @@ def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
 
 
 # The engine node's launcher, run by each node of an engine task: the spec of `python -m
-# coral.runtime.worker engine` with this node's layers, its address, and its scheduler's.
+# coral.runtime.engine.worker engine` with this node's layers, its address, and its scheduler's.
 _ENGINE_PY = """\
 import json, os, signal, subprocess, sys
 e = os.environ
@@ -152,7 +152,7 @@ spec = {
 # rank 0 is the node its scheduler talks to; on an n-GPU node ranks 1..tp-1 follow it on cuda:1..
 ranks = [dict(spec, tp={'rank': r, 'world': tp, 'init_method': f"tcp://127.0.0.1:{e['CORAL_TP_PORT']}"})
          for r in range(tp)] if tp > 1 else [spec]
-procs = [subprocess.Popen([sys.executable, '-m', 'coral.runtime.worker', 'engine', json.dumps(s)],
+procs = [subprocess.Popen([sys.executable, '-m', 'coral.runtime.engine.worker', 'engine', json.dumps(s)],
                           start_new_session=True) for s in ranks]
 
 

@@ -49,7 +49,7 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
 
 
 def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
-    """Every running instance of the plan (count expanded) as a `coral.runtime.cluster_config.InstanceSpec`.
+    """Every running instance of the plan (count expanded) as a `coral.runtime.deploy.cluster_config.InstanceSpec`.
 
     Args:
         plan: the plan file.
@@ -58,7 +58,7 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     Raises:
         CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
     """
-    from coral.runtime.cluster_config import InstanceSpec, StageSpec
+    from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 
     specs = []
     for inst in plan.instances:
@@ -133,9 +133,11 @@ __all__ = ["SCHEDULER_BASE_PORT", "cluster_from_plan", "cluster_from_plan_file",
 
 
 def plan_prices(plan: PlanFile, instances: Any) -> dict[tuple[Any, ...], float]:
-    """Shape (:func:`coral.runtime.lifecycle.shape_key`) -> $/h of one instance, for the served plan's
+    """Shape (:func:`coral.runtime.deploy.lifecycle.shape_key`) -> $/h of one instance, for the served plan's
     instances (named `<line>-r<k>` by :func:`plan_instance_specs`): the plan-cost metric adds them up."""
-    from coral.runtime.lifecycle import shape_key  # lazy: the lifecycle needs the runtime extra
+    from coral.runtime.deploy.lifecycle import (
+        shape_key,  # lazy: the lifecycle needs the runtime extra
+    )
 
     price = {line.name: line.price_usd_per_h for line in plan.instances}
     return {shape_key(spec): price[spec.name.rsplit("-r", 1)[0]] for spec in instances if spec.name.rsplit("-r", 1)[0] in price}

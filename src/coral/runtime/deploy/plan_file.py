@@ -185,7 +185,7 @@ def load_plan_file(path: str | Path, scenario: str | None = None) -> PlanFile:
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise CoralError(f"--plan {p}: no such file (write one with `coral plan --scenario NAME --out {p}`)") from None
+        raise CoralError(f"--plan {p}: no such file (write one with `coral plan NAME --out {p}`)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise CoralError(f"--plan {p}: cannot read it ({e})") from None
     except json.JSONDecodeError as e:

@@ -3,7 +3,7 @@
 Each instance gets one placement group: one bundle per engine node asking for the node's GPUs
 and a sliver of its GPU type's `accelerator_type:<GPU>` resource (what Ray sets on a GPU node,
 and what Ray Serve LLM places replicas by), plus a small CPU bundle for its scheduler. An actor
-owns one runtime process (`python -m coral.runtime.worker ROLE SPEC`, the same entry point the
+owns one runtime process (`python -m coral.runtime.engine.worker ROLE SPEC`, the same entry point the
 local provisioner starts); killing the actor ends its process, which the coordinator sees as a
 dead engine. The local provisioner stays the default; this one needs the `ray` extra.
 """
@@ -21,8 +21,8 @@ from typing import Any
 
 from coral.catalog.hardware import split_config_name
 from coral.errors import CoralError
-from coral.runtime.cluster_config import ClusterSpec, InstanceSpec, ServedModel
-from coral.runtime.provisioner import Provisioner, _free_port
+from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, ServedModel
+from coral.runtime.deploy.provisioner import Provisioner, _free_port
 
 __all__ = ["RayProvisioner", "engine_device", "ray_capacity"]
 
@@ -83,7 +83,7 @@ class _Process:
                 spec = {**spec, "shard": shard, "device_index": int(device[5:])}
             self.devices.append({"gpu_ids": ids, "cuda_visible_devices": visible, "device": device,
                                  "engine_device": (shard or {}).get("device", "noop")})
-        proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.worker", role, json.dumps(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "coral.runtime.engine.worker", role, json.dumps(spec)],
                                 stdin=subprocess.DEVNULL, env=env)
         self.procs.append(proc)
         return proc.pid

@@ -5,7 +5,7 @@ from the previous stage's node otherwise) and runs the whole micro-batch through
 in one forward pass over its paged KV cache (:mod:`coral.runtime.engine.kv_cache`): prefill
 rows (a prompt) and decode rows (one token) mixed. It streams the packed hidden states to
 the items' next-stage nodes, or, on the last stage, picks every row's next token with one
-:func:`coral.runtime.sampling.sample_batch` call over the batch's ``[B, V]`` logits (each row
+:func:`coral.runtime.engine.sampling.sample_batch` call over the batch's ``[B, V]`` logits (each row
 with its own :class:`SamplingParams`) and sends them to the scheduler. It also pushes
 and receives KV caches for prefill/decode hand-off, re-sliced by layer range.
 
@@ -83,7 +83,7 @@ class EngineNode:
     ) -> None:
         """Args:
         transport: this node's inbox.
-        shard: a loaded :class:`coral.runtime.model.Shard` or a :class:`NoopShard`.
+        shard: a loaded :class:`coral.runtime.engine.model.Shard` or a :class:`NoopShard`.
         instance_id: the instance this node belongs to.
         stage: this node's stage index.
         node_index: this node's index inside the stage.
@@ -127,7 +127,7 @@ class EngineNode:
         if self.is_last:
             # the sampler needs torch even behind a no-op shard: import it now, not under the
             # first batch (seconds on a busy host, longer than the scheduler's heartbeat timeout)
-            import coral.runtime.sampling  # noqa: F401
+            import coral.runtime.engine.sampling  # noqa: F401
         self.items_served = 0  # micro-batch items run (for tests and metrics)
         self.stop_event = threading.Event()
         self.heartbeat_s = heartbeat_s
@@ -352,7 +352,7 @@ class EngineNode:
 
     def _sample(self, items: list[BatchItem], logits: Any, done: list[TokenItem], errors: list[str]) -> None:
         """One :func:`sample_batch` call over the rows' ``[B, V]`` logits, each row with its own parameters."""
-        from coral.runtime.sampling import sample_batch
+        from coral.runtime.engine.sampling import sample_batch
 
         params = [i.sampling or SamplingParams(temperature=i.temperature, seed=i.seed) for i in items]
         hists = [self._history(i, p) for i, p in zip(items, params, strict=True)]

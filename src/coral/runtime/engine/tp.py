@@ -126,7 +126,7 @@ def split_for_tp(shard: Any, rank: int, world: int) -> None:
     """Keep this rank's part of every layer of a loaded shard (in place) and all-reduce the row-split outputs.
 
     Args:
-        shard: a :class:`coral.runtime.model.Shard` with its full layers.
+        shard: a :class:`coral.runtime.engine.model.Shard` with its full layers.
         rank, world: this rank and the TP degree.
 
     Raises:

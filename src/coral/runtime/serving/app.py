@@ -29,9 +29,9 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 import msgspec
@@ -46,13 +46,13 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from coral.errors import CoralError
-from coral.runtime.coordinator import Coordinator, ModelInfo, RequestError, RequestHandle
 from coral.runtime.protocol import SamplingParams, TokenOut
+from coral.runtime.serving.coordinator import Coordinator, ModelInfo, RequestError, RequestHandle
 from coral.runtime.serving.metrics import CONTENT_TYPE, FleetStats, ServingMetrics
 from coral.runtime.serving.models import ChatRequest, CompletionRequest, collect_ignored
 from coral.runtime.serving.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
 
-__all__ = ["ApiServer", "ServerOptions", "build_app"]
+__all__ = ["AdminAction", "ApiServer", "PlanAdmin", "ServerOptions", "build_app"]
 
 log = logging.getLogger(__name__)
 
@@ -526,6 +526,44 @@ class _Run:
                 "stop_reason": c.stop_reason if fr else None, "token_ids": tokens}  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- the admin surface
+
+
+class AdminAction(Protocol):
+    """One step a pushed plan caused (``start``, ``drain`` or ``keep`` an instance)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class PlanAdmin(Protocol):
+    """The plan controller behind ``/admin/*`` (:class:`coral.runtime.deploy.lifecycle.Controller`
+    implements it). The front end only forwards: it does not know the cluster file's schema."""
+
+    def status(self) -> dict[str, Any]:
+        """The controller's view: target plan, instances by state, last demand (JSON-ready)."""
+        ...
+
+    def push_plan(self, body: Any) -> Sequence[AdminAction]:
+        """Validate a plan body (``{"instances": [...]}``) and make it the target.
+
+        Raises:
+            CoralError: the body names the field that is wrong (the answer is a 400).
+        """
+        ...
+
+    def health(self) -> dict[str, str]:
+        """model -> ok | degraded | unavailable | starting (the repairs under way included)."""
+        ...
+
+    def fleet_stats(self) -> FleetStats:
+        """What /metrics reports of the fleet (the registry, starts, repairs, re-plans, the plan's cost)."""
+        ...
+
+
 # ----------------------------------------------------------------------------- the app
 
 
@@ -535,7 +573,7 @@ class _State:
     options: ServerOptions
     metrics: ServingMetrics
     tokenizers: dict[str, Tokenizer]
-    admin: Any
+    admin: PlanAdmin | None
     created: int
     default_tokenizer: Tokenizer = field(default_factory=ByteTokenizer)
 
@@ -544,13 +582,11 @@ class _State:
 
     def fleet_stats(self) -> FleetStats:
         """What /metrics reports of the fleet: the plan controller's view, else the coordinator's alone."""
-        source = getattr(self.admin, "fleet_stats", None)
-        return source() if source is not None else self.coord.fleet_stats()  # type: ignore[no-any-return]
+        return self.admin.fleet_stats() if self.admin is not None else self.coord.fleet_stats()
 
     def health(self) -> dict[str, str]:
         """model -> ok | degraded | unavailable | starting (the controller knows the repairs under way)."""
-        source = getattr(self.admin, "health", None)
-        return source() if source is not None else self.coord.health()  # type: ignore[no-any-return]
+        return self.admin.health() if self.admin is not None else self.coord.health()
 
 
 class _ClientGone(Exception):
@@ -621,7 +657,7 @@ def build_app(
     coordinator: Coordinator,
     options: ServerOptions | None = None,
     *,
-    admin: Any = None,
+    admin: PlanAdmin | None = None,
     tokenizers: dict[str, Tokenizer] | None = None,
 ) -> tuple[_Guard, ServingMetrics]:
     """The ASGI application of the front end.
@@ -629,7 +665,7 @@ def build_app(
     Args:
         coordinator: the request router.
         options: keys, limits and timeouts.
-        admin: the plan controller behind ``/admin/*`` (a :class:`coral.runtime.lifecycle.Controller`).
+        admin: the plan controller behind ``/admin/*`` (a :class:`coral.runtime.deploy.lifecycle.Controller`).
         tokenizers: model -> tokenizer (default :class:`ByteTokenizer` for every model).
 
     Returns:
@@ -756,16 +792,13 @@ def build_app(
 
     @app.post("/admin/plan", summary="Push a new plan")
     def admin_plan(body: Any = Body(...)) -> Response:  # noqa: B008 - FastAPI's idiom
-        from coral.runtime.cluster_config import parse_instances
-
         ctl = st.admin
         if ctl is None:
             raise RequestError(404, "no plan controller")
         try:
-            desired = parse_instances(body, ctl.cluster)
+            actions = ctl.push_plan(body)
         except CoralError as e:
             raise RequestError(400, str(e), "instances") from None
-        actions = ctl.apply_plan(desired)
         return _json_response({"actions": [{"kind": a.kind, "instance": a.name} for a in actions]})
 
     guard = _Guard(app, o, metrics)
@@ -825,7 +858,7 @@ class ApiServer:
         api_key: str | None = None,
         token_timeout_s: float = 60.0,
         *,
-        admin: Any = None,
+        admin: PlanAdmin | None = None,
         admin_key: str | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
         options: ServerOptions | None = None,

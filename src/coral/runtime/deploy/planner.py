@@ -1,0 +1,226 @@
+"""The allocator as the runtime's live planner: observed demand -> the cheapest set of instances that serves it.
+
+Two modes (both `planner: allocator` in the cluster file):
+
+- :class:`PlanPlanner` (`coral serve --plan plan.json`): the real one. It re-plans over the plan's
+  own scenario: its template library (SLO budgets, node configurations), its prices and
+  availability per region, the capacity the offline planner sizes for observed demand
+  (`coral.allocator.demand`: the queueing model on the scenario's traffic sample, scaled to the
+  forecast rate, as `coral.experiments.pipeline.epoch_demand` does), and maps the new plan back to
+  runtime instances through :mod:`coral.runtime.deploy.mapping`, as `serve --plan` does.
+- :class:`AllocatorPlanner` (a cluster file alone): the file's own instance shapes, each engine
+  process one node of one local configuration, on the observed tokens/s over a target utilization.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from coral.allocator import Plan, allocate, allocate_inputs, tight_availability
+from coral.allocator.demand import Forecaster, capacity_targets, offered_demand
+from coral.allocator.inputs import AllocationInputs
+from coral.errors import CoralError
+from coral.perf.model import Phase
+from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
+from coral.runtime.deploy.lifecycle import Demand, shape_key
+from coral.scenario import Scenario, with_demand_scale
+from coral.solver import SolveOptions
+from coral.templates.problem import Placement, Stage
+from coral.templates.template import Template, TemplateLibrary
+
+log = logging.getLogger(__name__)
+
+LOCAL_NODE = "1xLOCAL"  # the configuration name the local provisioner's nodes are counted under
+
+
+def _template(spec: InstanceSpec) -> Template:
+    """One shape as a template: its declared throughput, one node per engine process."""
+    nodes = sum(len(st.node_throughputs) for st in spec.stages)
+    stages = tuple(Stage(nodes=(LOCAL_NODE,) * len(st.node_throughputs), node_index=tuple(range(len(st.node_throughputs))),
+                         layers=st.layer_end - st.layer_start, time_s=0.0, throughput_tok_per_s=spec.throughput_tok_per_s)
+                   for st in spec.stages)
+    placement = Placement(stages=stages, micro_batch=1, throughput_tok_per_s=spec.throughput_tok_per_s, latency_s=0.0,
+                          comm_s=0.0)
+    # A cluster-file shape has no SLO: its latency is not planned, only its throughput.
+    return Template(model=spec.model, phase=Phase(spec.phase), slo_ms=math.inf, budget_ms=math.inf,
+                    nodes=(LOCAL_NODE,) * nodes, placement=placement)
+
+
+@dataclasses.dataclass(slots=True)
+class AllocatorPlanner:
+    """`planner(observed_demand, running) -> desired` for `Controller`, backed by the allocation ILP.
+
+    The candidate instances are the distinct shapes of the cluster file (prefill and decode;
+    `mixed` instances are kept as they are). Each engine process is one node of price
+    `node_usd_per_h`; at most `max_nodes` run per region. Demand is the observed tokens/s over
+    `target_utilization` with a floor of `min_instances` instance per (model, phase) that has one.
+    """
+
+    shapes: Sequence[InstanceSpec]
+    node_usd_per_h: float = 1.0
+    max_nodes: int = 64
+    target_utilization: float = 0.8
+    init_s: float = 10.0
+    min_instances: int = 1
+    options: SolveOptions = dataclasses.field(default_factory=lambda: SolveOptions(time_limit_s=10.0))
+
+    def __call__(self, demand: Demand, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
+        # Shapes with the same model, phase and node count are the same template to the
+        # allocator: keep the one that serves most.
+        best: dict[str, tuple[Template, InstanceSpec]] = {}
+        for s in self.shapes:
+            if s.phase == MIXED:
+                continue
+            t = _template(s)
+            if t.key not in best or t.throughput_tok_per_s > best[t.key][0].throughput_tok_per_s:
+                best[t.key] = (t, s)
+        groups: dict[tuple[str, Phase], list[Template]] = {}
+        for t, _ in best.values():
+            groups.setdefault((t.model, t.phase), []).append(t)
+        regions = sorted({s.region for _, s in best.values()})
+        want = {}
+        for (model, phase), ts in groups.items():
+            observed = float(demand.get(model, {}).get(phase.value, 0.0)) / self.target_utilization
+            want[(model, phase)] = max(observed, self.min_instances * min(t.throughput_tok_per_s for t in ts))
+        models = tuple(sorted({m for m, _ in groups}))
+        for m in models:  # a phase without a shape has no demand to meet here
+            for ph in Phase:
+                want.setdefault((m, ph), 0.0)
+        inputs = AllocationInputs(
+            models=models, regions=tuple(regions), configs=(LOCAL_NODE,),
+            prices={(r, LOCAL_NODE): self.node_usd_per_h for r in regions},
+            availability={(r, LOCAL_NODE): self.max_nodes for r in regions},
+            demand=want, allowed_regions={m: tuple(regions) for m in models},
+            slo_ms={g: 0.0 for g in want}, templates={g: tuple(ts) for g, ts in groups.items()}, init_s=self.init_s)
+        key_of = {shape_key(s): t.key for t, s in best.values()}
+        prev = Counter((s.region, key_of[shape_key(s)]) for s in running if shape_key(s) in key_of)
+        plan = allocate_inputs(inputs, prev=dict(prev), options=self.options)
+        desired: list[InstanceSpec] = [s for s in running if s.phase == MIXED]
+        for inst in plan.instances:
+            spec = best[inst.template.key][1]
+            desired.extend(dataclasses.replace(spec, region=inst.region) for _ in range(inst.count))
+        if not desired and running:
+            return list(running)  # never plan the cluster away entirely
+        return desired
+
+
+FLOOR_TOK_PER_S = 1.0  # the demand of a (model, phase) seen idle: one instance stays to take the next request
+
+
+def template_key(spec: InstanceSpec) -> str | None:
+    """The template key (`model/phase/node+node...`, as `Template.key`) of an instance a plan placed;
+    None for one without node configurations (a cluster file's own shape) or a mixed one."""
+    if spec.phase == MIXED or not all(st.configs for st in spec.stages):
+        return None
+    return f"{spec.model}/{spec.phase}/" + "+".join(sorted(c for st in spec.stages for c in st.configs))
+
+
+@dataclasses.dataclass(slots=True)
+class PlanPlanner:
+    """`planner(observed_demand, running) -> desired` over the scenario of the plan being served.
+
+    Each call: observed tokens/s -> each model's request rate (its scenario's lengths) -> the
+    forecast rate (EWMA + quantile, hysteresis: `planner.forecast_quantile`, `scale_down_margin`)
+    -> per (model, phase) the capacity that keeps the SLO at that rate (the scenario's traffic
+    sample sized by `capacity_targets`, scaled by the forecast, as `epoch_demand`'s history term)
+    -> the allocation ILP over the library with the running plan as `prev` (starting an instance
+    costs its `init_s`) -> runtime instances, named and weighted as `serve --plan` names them.
+
+    Build it with :meth:`from_plan`; `last_plan` holds the last allocation (for logs and tests).
+    """
+
+    scenario: Scenario
+    library: TemplateLibrary  # what the allocator chooses from (restricted for an `--engine vllm` plan)
+    sizing_library: TemplateLibrary  # what prefill capacity is sized in (the full library, as `coral plan`)
+    availability: Mapping[tuple[str, str], int]
+    models: Mapping[str, ServedModel]
+    method: str = "coral"
+    forecast: Forecaster = dataclasses.field(default_factory=Forecaster)
+    options: SolveOptions = dataclasses.field(default_factory=lambda: SolveOptions(time_limit_s=30.0))
+    last_plan: Plan | None = None
+    last_demand: dict[tuple[str, Phase], float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_plan(cls, plan: Any, models: Mapping[str, ServedModel], *, cache_dir: Any = None,
+                  options: SolveOptions | None = None) -> PlanPlanner:
+        """The planner of a served plan file: its scenario (at its `--demand-scale`), library (restricted
+        as its `--engine`), availability mode and method.
+
+        Args:
+            plan: a `coral.runtime.deploy.plan_file.PlanFile`.
+            models: the cluster file's models by name (weights, layer counts).
+            cache_dir: the template cache (default: Coral's).
+            options: the solver's options (default HiGHS, 30 s).
+
+        Raises:
+            CoralError: a method the live planner cannot run, or a library build error.
+        """
+        from coral.allocator.allocate import METHODS
+        from coral.cache import default_cache_dir
+        from coral.templates.library import build_library
+
+        if plan.method not in METHODS:
+            raise CoralError(f"{plan.path}: method {plan.method!r} cannot re-plan live; valid: {', '.join(METHODS)}")
+        scenario = with_demand_scale(plan.scenario, plan.demand_scale)
+        full = build_library(scenario, cache_dir=cache_dir or default_cache_dir())
+        library = full
+        if plan.engine == "vllm":
+            from coral.runtime.deploy.vllm import vllm_templates
+
+            library = TemplateLibrary(templates=vllm_templates(full.templates), stats=full.stats)
+        availability = dict(scenario.availability)
+        if plan.availability == "tight":
+            availability = dict(tight_availability(scenario, full))
+        forecast = Forecaster(quantile=scenario.planner.forecast_quantile,
+                              scale_down_margin=scenario.planner.scale_down_margin)
+        return cls(scenario=scenario, library=library, sizing_library=full, availability=availability,
+                   models=dict(models), method=plan.method, forecast=forecast,
+                   options=options or SolveOptions(time_limit_s=30.0))
+
+    def observed_rates(self, demand: Demand) -> dict[str, float]:
+        """Requests/s per model behind the observed tokens/s: the phase furthest above its scenario's
+        offered tokens/s, times the model's rate (the scenario's lengths turn tokens into requests)."""
+        offered = offered_demand(self.scenario)
+        out = {}
+        for m in self.scenario.models:
+            seen = demand.get(m.name, {})
+            ratios = [float(seen.get(ph.value, 0.0)) / offered[(m.name, ph)] for ph in Phase if offered[(m.name, ph)] > 0]
+            out[m.name] = m.rate_per_s * max(ratios, default=0.0)
+        return out
+
+    def capacity(self, demand: Demand) -> dict[tuple[str, Phase], float]:
+        """The capacity to plan for, per (model, phase), tok/s (at least :data:`FLOOR_TOK_PER_S`)."""
+        rates = self.observed_rates(demand)
+        want = self.forecast.update(rates)
+        history = capacity_targets(self.scenario, library=self.sizing_library)
+        out = {}
+        for m in self.scenario.models:
+            f = want.get(m.name, 0.0) / m.rate_per_s if m.rate_per_s > 0 else 0.0
+            for ph in Phase:
+                out[(m.name, ph)] = max(FLOOR_TOK_PER_S, f * history[(m.name, ph)].capacity_tok_per_s)
+        return out
+
+    def __call__(self, demand: Demand, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
+        from coral.runtime.deploy.mapping import plan_instance_specs
+        from coral.runtime.deploy.plan_file import parse_plan
+
+        want = self.capacity(demand)
+        rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
+        prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)
+        plan = allocate(self.scenario, self.library, method=self.method, demand=rows, availability=self.availability,
+                        prev=dict(prev), options=self.options)
+        self.last_plan, self.last_demand = plan, want
+        if not plan.instances:
+            log.warning("live planner: the re-plan has no instance (%s); keeping the running plan", "; ".join(plan.notes))
+            return list(running)
+        pf = parse_plan({"scenario": self.scenario.name, **plan.to_json()}, self.scenario, "the live re-plan")
+        log.info("live planner: %d instance(s), %.2f $/h (%s)", sum(i.count for i in pf.instances), plan.cost_usd_per_h,
+                 plan.status.value)
+        return [*plan_instance_specs(pf, dict(self.models)), *(s for s in running if s.phase == MIXED)]
+
+
+__all__ = ["FLOOR_TOK_PER_S", "LOCAL_NODE", "AllocatorPlanner", "PlanPlanner", "template_key"]

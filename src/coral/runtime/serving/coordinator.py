@@ -1,0 +1,812 @@
+"""The coordinator: instance registry, request router and the token streams back to HTTP clients.
+
+The coordinator owns one transport inbox. Schedulers register their instance with
+:class:`InstanceHello` once all their engine nodes are up; from then on the router sends
+requests there. For a request of model ``m`` the router picks a prefill-capable instance
+of ``m`` by weighted round-robin in proportion to its throughput and, if it is a
+prefill-only instance, a decode instance (same region first, same WRR); the schedulers
+then move the KV cache between their nodes themselves. Tokens come back as
+:class:`TokenOut` messages (a forward step's in one :class:`TokenOuts`) and are put on the request's queue,
+read by the HTTP thread.
+
+Routing decisions are the shared pure policies of :mod:`coral.policy` (smooth WRR,
+``choose_decode``, the instance :class:`~coral.policy.Lifecycle`), the same the simulator
+runs. Faults: schedulers heartbeat the coordinator; an instance that reports ``failed`` or
+goes silent leaves the routing table and its requests are resent to another instance
+(prompt + tokens already streamed, so the client sees one uninterrupted answer), at most
+``max_retries`` times, else they end with an explicit error. A restarted coordinator
+rebuilds its registry from the heartbeats (they carry the instance's registration).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from coral.errors import CoralError
+from coral.policy import (
+    ROUTERS,
+    Candidate,
+    Lifecycle,
+    LifecycleEvent,
+    WrrState,
+    choose_decode,
+    least_work,
+    next_state,
+    wrr_next,
+    wrr_start,
+)
+from coral.runtime.protocol import (
+    ITERATION_TOKEN_BUCKETS,
+    KV_TRANSFER_SECONDS_BUCKETS,
+    Cancel,
+    Drain,
+    Heartbeat,
+    InstanceHello,
+    InstanceStats,
+    SamplingParams,
+    Shutdown,
+    Submit,
+    TokenOut,
+    TokenOuts,
+)
+from coral.runtime.serving.metrics import CacheInfo, FleetStats, ModelCounters
+from coral.runtime.transport import Transport
+
+__all__ = [
+    "Coordinator",
+    "InstanceRecord",
+    "InstanceView",
+    "ModelInfo",
+    "RequestError",
+    "RequestHandle",
+    "pick_decode",
+    "pick_prefill",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelInfo:
+    """A served model, as the front end needs to know it."""
+
+    name: str
+    max_context: int
+    vocab_size: int
+    eos_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_context < 2 or self.vocab_size < 1:
+            raise ValueError(f"model {self.name!r}: max_context must be >= 2 and vocab_size >= 1")
+
+
+class RequestError(CoralError):
+    """A request the coordinator refuses; carries the HTTP status and the offending field."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+@dataclass(slots=True)
+class RequestHandle:
+    """One accepted request: where its tokens arrive, its timings, and where it runs now."""
+
+    request_id: str
+    model: str
+    prompt_len: int
+    queue: queue.Queue[TokenOut]
+    t_start: float
+    instance_id: str
+    t_first: float = 0.0
+    t_last: float = 0.0
+    n_tokens: int = 0
+    # coordinator side (under the coordinator's lock)
+    prompt: tuple[int, ...] = ()
+    max_tokens: int = 0
+    temperature: float = 0.0
+    seed: int = 0
+    eos_ids: tuple[int, ...] = ()
+    decode_instance: str = ""
+    wire_id: str = ""  # the id of the current attempt (retries get a new one)
+    generated: list[int] = field(default_factory=list)
+    retries: int = 0
+    done: bool = False
+    retry_deadline: float = 0.0
+    error_status: int = 500
+    sampling: SamplingParams | None = None
+    #: called (on the coordinator's thread) with each TokenOut instead of putting it on ``queue``
+    sink: Callable[[TokenOut], None] | None = None
+
+    def deliver(self, msg: TokenOut) -> None:
+        """Hand one message to whoever reads this request."""
+        if self.sink is not None:
+            self.sink(msg)
+        else:
+            self.queue.put(msg)
+
+
+# ------------------------------------------------------------------------- routing
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceView:
+    """What routing needs to know about one registered instance."""
+
+    instance_id: str
+    model: str
+    phase: str  # "prefill" | "decode" | "mixed"
+    region: str
+    throughput_tok_per_s: float
+    index: int = 0  # a stable integer id (the policy's Candidate.id)
+
+    def __post_init__(self) -> None:
+        if self.phase not in ("prefill", "decode", "mixed"):
+            raise ValueError(f"phase must be prefill, decode or mixed, got {self.phase!r}")
+        if not self.throughput_tok_per_s > 0:
+            raise ValueError(f"throughput_tok_per_s must be positive, got {self.throughput_tok_per_s}")
+
+
+RouteStates = dict[tuple[int, ...], WrrState]
+
+
+def pick_prefill(instances: Sequence[InstanceView], states: RouteStates, *,
+                 load: Mapping[str, float] | None = None, new_work: float = 0.0) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the instance that runs a request's prefill (phase prefill or mixed).
+
+    With `load` (prompt tokens each instance has queued or running), the shared least-work policy
+    (:func:`coral.policy.least_work`: the instance that clears this request soonest at its
+    throughput), as the simulator routes by default; without it, smooth WRR ∝ throughput.
+
+    Args:
+        instances: the model's instances that take new requests.
+        states: WRR state per candidate group (keyed by the group's indices); not modified.
+        load: instance id -> outstanding prompt tokens (least-work routing); None: WRR.
+        new_work: the request's prompt tokens.
+
+    Returns:
+        (the instance, or None if none is prefill-capable; the updated states).
+    """
+    group = [i for i in instances if i.phase in ("prefill", "mixed")]
+    if not group:
+        return None, states
+    if load is not None:
+        k = least_work([load.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], new_work)
+        return group[k], states
+    key = tuple(i.index for i in group)
+    i, st = wrr_next(states.get(key) or wrr_start([g.throughput_tok_per_s for g in group]))
+    return group[i], {**states, key: st}
+
+
+def pick_decode(instances: Sequence[InstanceView], region: str, states: RouteStates, *,
+                held: Mapping[str, float] | None = None) -> tuple[InstanceView | None, RouteStates]:
+    """Pick the decode instance for a request prefilled in ``region``.
+
+    With `held` (sequences each decode instance holds), least work among the prefill's region's
+    instances (held per unit of throughput), else among all; without it
+    :func:`coral.policy.choose_decode` (same region first, WRR ∝ throughput).
+
+    Args:
+        instances: the model's instances that take new requests.
+        region: the prefill instance's region.
+        states: WRR state per candidate group; not modified.
+        held: instance id -> sequences it holds (least-work routing); None: WRR.
+
+    Returns:
+        (a decode-phase instance, or None if there is none; the updated states).
+    """
+    decode = [i for i in instances if i.phase == "decode"]
+    if held is not None:
+        if not decode:
+            return None, states
+        group = [i for i in decode if i.region == region] or decode
+        k = least_work([held.get(g.instance_id, 0.0) for g in group], [g.throughput_tok_per_s for g in group], 1.0)
+        return group[k], states
+    chosen, states = choose_decode([Candidate(id=i.index, region=i.region, weight=i.throughput_tok_per_s) for i in decode], region, states)
+    return next((i for i in decode if i.index == chosen), None), states
+
+
+@dataclass(slots=True)
+class InstanceRecord:
+    """The coordinator's registry entry of one instance."""
+
+    view: InstanceView
+    address: str
+    state: Lifecycle
+    last_seen: float
+    t_registered: float
+    reported_in_flight: int = 0
+    reported_state: str = ""  # the scheduler's own view (heartbeat)
+    reported_waiting: int = 0
+    reported_kv_usage: float = 0.0
+    t_first_request: float = 0.0
+    t_drain: float = 0.0
+    stats: InstanceStats | None = None  # the scheduler's last counters (cumulative) and lost nodes
+
+    @property
+    def lost_nodes(self) -> tuple[str, ...]:
+        """Engine nodes ("stage/index") the instance runs without (a data-parallel stage lost one)."""
+        return self.stats.lost_nodes if self.stats is not None else ()
+
+
+class _Totals:
+    """A model's scheduler counters, summed over its instances, the retired ones included (the
+    heartbeats carry each scheduler's cumulative figures; the coordinator adds up the increments)."""
+
+    def __init__(self) -> None:
+        self.preemptions = 0
+        self.iteration_tokens = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        self.iteration_tokens_sum = 0
+        self.kv_transfers = 0
+        self.kv_transfer_bytes = 0
+        self.kv_seconds = [0] * (len(KV_TRANSFER_SECONDS_BUCKETS) + 1)
+        self.kv_seconds_sum = 0.0
+
+    def add(self, new: InstanceStats, old: InstanceStats | None) -> None:
+        """Add what `new` counts beyond `old` (the same scheduler's previous heartbeat)."""
+        def inc(a: list[int], b: tuple[int, ...], prev: tuple[int, ...]) -> None:
+            if len(b) == len(a):
+                for k, v in enumerate(b):
+                    a[k] += max(0, v - (prev[k] if len(prev) == len(a) else 0))
+
+        o = old or InstanceStats()
+        self.preemptions += max(0, new.preemptions - o.preemptions)
+        inc(self.iteration_tokens, new.iteration_tokens, o.iteration_tokens)
+        self.iteration_tokens_sum += max(0, new.iteration_tokens_sum - o.iteration_tokens_sum)
+        self.kv_transfers += max(0, new.kv_transfers - o.kv_transfers)
+        self.kv_transfer_bytes += max(0, new.kv_transfer_bytes - o.kv_transfer_bytes)
+        inc(self.kv_seconds, new.kv_transfer_seconds, o.kv_transfer_seconds)
+        self.kv_seconds_sum += max(0.0, new.kv_transfer_seconds_sum - o.kv_transfer_seconds_sum)
+
+
+class Coordinator:
+    """Registry + router + token dispatch + fault handling; thread-safe for many HTTP threads."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        models: list[ModelInfo],
+        *,
+        heartbeat_s: float = 0.25,
+        heartbeat_timeout_s: float = 2.0,
+        max_retries: int = 2,
+        retry_wait_s: float = 30.0,
+        router: str = "least-work",
+    ) -> None:
+        """Args:
+        transport: the coordinator's inbox (schedulers register and send tokens here).
+        models: every model the cluster serves.
+        heartbeat_s: how often to heartbeat the schedulers.
+        heartbeat_timeout_s: a scheduler silent this long is dead; its instance leaves routing.
+        max_retries: how many times a request hit by an instance failure is resent.
+        retry_wait_s: how long a request to retry waits for an instance of its model.
+        router: "least-work" (default, as the simulator): prefill to the instance whose outstanding
+            prompt tokens clear soonest at its throughput, decode to the least occupied; "wrr":
+            the paper's smooth weighted round-robin ∝ throughput.
+        """
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {', '.join(ROUTERS)}, got {router!r}")
+        self.router = router
+        self.t = transport
+        self.models = {m.name: m for m in models}
+        self.instances: dict[str, InstanceRecord] = {}
+        self.retired: dict[str, str] = {}  # instance id -> "stopped" | "lost: reason"
+        self.events: collections.deque[tuple[float, str, str]] = collections.deque(maxlen=10_000)
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.max_retries = max_retries
+        self.retry_wait_s = retry_wait_s
+        self._routes: dict[str, RouteStates] = {}
+        self._handles: dict[str, RequestHandle] = {}
+        self._wire: dict[str, RequestHandle] = {}
+        self._parked: list[RequestHandle] = []
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._index = itertools.count(1)
+        self._last_beat = 0.0
+        self._demand: dict[tuple[str, str], int] = {}
+        self._demand_t0 = time.monotonic()
+        self.retried = 0
+        self.failed_requests = 0
+        self.load_at_drain: dict[str, int] = {}  # instance id -> requests it held when its drain began
+        self._totals: dict[str, _Totals] = {m.name: _Totals() for m in models}
+        self._model_of: dict[str, str] = {}  # instance id -> model, registered or retired
+        self.cache_dtype = "float32"  # what vllm:cache_config_info reports (the cluster's dtype)
+        #: model -> until when a replacement instance is expected (self-repair): a request that finds
+        #: no instance waits for it (parked) instead of a 503
+        self.expected: dict[str, float] = {}
+        self.stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --------------------------------------------------------------- loop
+
+    def start(self) -> None:
+        """Run the receive loop in a daemon thread."""
+        self._thread = threading.Thread(target=self.run, name="coordinator", daemon=True)
+        self._thread.start()
+
+    def stop(self, shutdown_instances: bool = False) -> None:
+        """Stop the loop (and optionally tell every scheduler to shut its instance down)."""
+        if shutdown_instances:
+            with self._lock:
+                for rec in list(self.instances.values()):
+                    self.t.send(rec.address, Shutdown(reason="coordinator stopping"))
+        self.stop_event.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def run(self, poll_s: float = 0.05) -> None:
+        """Serve messages until ``stop_event``."""
+        while not self.stop_event.is_set():
+            msg = self.t.recv(min(poll_s, self.heartbeat_s))
+            try:
+                if msg is not None:
+                    self.handle(msg)
+                self.tick()
+            except Exception:
+                log.exception("coordinator: failed on %s", type(msg).__name__)
+
+    def handle(self, msg: Any) -> None:
+        """Handle one message from a scheduler."""
+        if isinstance(msg, TokenOut):
+            self._on_token(msg)
+        elif isinstance(msg, TokenOuts):
+            for out in msg.outs:
+                self._on_token(out)
+        elif isinstance(msg, Heartbeat):
+            self._on_heartbeat(msg)
+        elif isinstance(msg, InstanceHello):
+            self.register(msg)
+        else:
+            log.warning("coordinator: ignored unexpected %s", type(msg).__name__)
+
+    def tick(self, now: float | None = None) -> None:
+        """Periodic work: heartbeats out, dead instances out, parked retries, finished drains."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if now - self._last_beat >= self.heartbeat_s:
+                self._last_beat = now
+                beat = Heartbeat(sender=self.t.address, role="coordinator")
+                for rec in self.instances.values():
+                    self.t.send(rec.address, beat)
+            for iid, rec in list(self.instances.items()):
+                if now - rec.last_seen > self.heartbeat_timeout_s:
+                    self._lost(iid, f"no heartbeat for {now - rec.last_seen:.1f} s")
+            if self._parked:
+                parked, self._parked = self._parked, []
+                for h in parked:
+                    if h.done:
+                        continue
+                    if not self._dispatch(h) and not h.done:
+                        if now > h.retry_deadline:
+                            self._give_up(h, f"no instance of model {h.model!r} to retry on within {self.retry_wait_s:.0f} s")
+                        else:
+                            self._parked.append(h)
+            for iid, rec in list(self.instances.items()):
+                if rec.state is Lifecycle.DRAINING and rec.reported_in_flight == 0 and self._load(iid) == 0:
+                    rec.state = next_state(rec.state, LifecycleEvent.IDLE, in_flight=0)
+                    self.t.send(rec.address, Shutdown(reason="drained"))
+                    del self.instances[iid]
+                    self.retired[iid] = "stopped"
+                    self._event(iid, "stopped")
+
+    def _event(self, iid: str, what: str) -> None:
+        self.events.append((time.monotonic(), iid, what))
+        log.info("coordinator: instance %s %s", iid, what)
+
+    # --------------------------------------------------------------- registry
+
+    def register(self, msg: InstanceHello, state: Lifecycle = Lifecycle.ACTIVE) -> None:
+        """Add (or refresh) an instance in the routing table.
+
+        Args:
+            msg: the instance's registration.
+            state: ACTIVE for a new instance; DRAINING when a restarted coordinator learns
+                of one that was draining.
+
+        Raises:
+            ValueError: for an instance of a model the coordinator does not serve.
+        """
+        if msg.model not in self.models:
+            raise ValueError(f"instance {msg.instance_id} serves unknown model {msg.model!r}")
+        with self._lock:
+            if msg.instance_id in self.retired:
+                self.t.send(msg.address, Shutdown(reason="instance retired"))
+                return
+            now = time.monotonic()
+            rec = self.instances.get(msg.instance_id)
+            if rec is not None:
+                rec.last_seen = now
+                return
+            view = InstanceView(
+                instance_id=msg.instance_id, model=msg.model, phase=msg.phase, region=msg.region,
+                throughput_tok_per_s=msg.throughput_tok_per_s, index=next(self._index),
+            )  # fmt: skip
+            if state is Lifecycle.ACTIVE:
+                state = next_state(Lifecycle.STARTING, LifecycleEvent.READY, in_flight=0)
+            self.instances[msg.instance_id] = InstanceRecord(view=view, address=msg.address, state=state, last_seen=now, t_registered=now)
+            self._model_of[msg.instance_id] = msg.model
+            self._event(msg.instance_id, "ready" if state is Lifecycle.ACTIVE else "re-registered draining")
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        if msg.role != "scheduler":
+            return
+        with self._lock:
+            rec = self.instances.get(msg.instance_id)
+            if msg.state == "failed":
+                if rec is not None:
+                    self._lost(msg.instance_id, msg.reason or "instance reported failed")
+                return
+            if rec is None:
+                if msg.instance_id in self.retired:
+                    self.t.send(msg.sender, Shutdown(reason="instance retired"))
+                elif msg.hello is not None and msg.state in ("active", "draining") and msg.hello.model in self.models:
+                    # a restarted coordinator: rebuild the registry from the instances' heartbeats
+                    self.register(msg.hello, Lifecycle.DRAINING if msg.state == "draining" else Lifecycle.ACTIVE)
+                    rec = self.instances.get(msg.instance_id)
+                if rec is None:
+                    return
+            rec.last_seen = time.monotonic()
+            rec.reported_in_flight = msg.in_flight
+            rec.reported_state = msg.state
+            rec.reported_waiting = msg.waiting
+            rec.reported_kv_usage = msg.kv_cache_usage
+            if msg.stats is not None:
+                self._totals[rec.view.model].add(msg.stats, rec.stats)
+                if msg.stats.lost_nodes != rec.lost_nodes:
+                    self._event(msg.instance_id, f"degraded (lost node(s) {', '.join(msg.stats.lost_nodes)})")
+                rec.stats = msg.stats
+
+    def _lost(self, iid: str, reason: str) -> None:
+        """An instance died: out of routing, its requests resent elsewhere (lock held)."""
+        rec = self.instances.pop(iid, None)
+        if rec is None:
+            return
+        self.retired[iid] = f"lost: {reason}"
+        self._event(iid, f"lost ({reason})")
+        for h in [h for h in self._wire.values() if iid in (h.instance_id, h.decode_instance)]:
+            self._retry(h, f"instance {iid} failed: {reason}")
+        forget = getattr(self.t, "forget", None)
+        if forget is not None:
+            forget(rec.address)  # the peer is gone: do not queue messages for it any more
+
+    def drain(self, iid: str, reason: str = "removed from the plan") -> bool:
+        """Stop routing new requests to an instance; it is shut down once it holds none.
+
+        Returns:
+            False if no such registered instance.
+        """
+        with self._lock:
+            rec = self.instances.get(iid)
+            if rec is None:
+                return False
+            if rec.state is Lifecycle.ACTIVE:
+                # the policy would stop an idle instance at once; we still wait for the
+                # scheduler's own count (a request may be on its way) - see tick()
+                rec.state = Lifecycle.DRAINING
+                rec.t_drain = time.monotonic()
+                self.load_at_drain[iid] = self._load(iid)
+                self.t.send(rec.address, Drain(reason=reason))
+                self._event(iid, "draining")
+            return True
+
+    def _load(self, iid: str) -> int:
+        return sum(1 for h in self._wire.values() if iid in (h.instance_id, h.decode_instance))
+
+    def loads(self) -> dict[str, int]:
+        """instance id -> requests it holds now (as the coordinator counts them)."""
+        with self._lock:
+            out = dict.fromkeys(self.instances, 0)
+            for h in self._wire.values():
+                for iid in {h.instance_id, h.decode_instance}:
+                    if iid in out:
+                        out[iid] += 1
+            return out
+
+    @staticmethod
+    def _state_of(r: InstanceRecord) -> str:
+        """``active``, ``degraded`` (active, without some engine nodes), ``draining``."""
+        return "degraded" if r.state is Lifecycle.ACTIVE and r.lost_nodes else str(r.state)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every registered instance: id, model, phase, region, state (``degraded``: active without the
+        ``lost_nodes`` named), load, address."""
+        loads = self.loads()
+        with self._lock:
+            return [
+                {"id": iid, "model": r.view.model, "phase": r.view.phase, "region": r.view.region, "state": self._state_of(r),
+                 "lost_nodes": list(r.lost_nodes), "load": loads.get(iid, 0), "address": r.address}
+                for iid, r in sorted(self.instances.items())
+            ]  # fmt: skip
+
+    def health(self, repairing: frozenset[str] = frozenset()) -> dict[str, str]:
+        """model -> ``ok`` | ``degraded`` | ``unavailable`` | ``starting``, from the registry.
+
+        ``ok``: it takes requests and nothing of it is lost; ``degraded``: it takes requests, but an
+        instance runs without a node, or one is being replaced (``repairing``, the models the plan
+        controller is repairing); ``unavailable``: it takes none, and an instance of it was lost;
+        ``starting``: it takes none yet, and none of it has failed.
+        """
+        with self._lock:
+            lost_models = {r for iid, why in self.retired.items() if why.startswith("lost") and (r := self._model_of.get(iid))}
+            out = {}
+            for m in self.models:
+                recs = [r for r in self.instances.values() if r.view.model == m]
+                if self.can_serve(m):
+                    hurt = m in repairing or any(r.lost_nodes for r in recs if r.state is Lifecycle.ACTIVE)
+                    out[m] = "degraded" if hurt else "ok"
+                else:
+                    out[m] = "unavailable" if (m in lost_models or m in repairing) else "starting"
+            return out
+
+    def fleet_stats(self, repairing: frozenset[str] = frozenset()) -> FleetStats:
+        """The registry's part of what /metrics reports."""
+        with self._lock:
+            counters = {m: ModelCounters(
+                preemptions=t.preemptions, iteration_token_counts=tuple(t.iteration_tokens),
+                iteration_tokens_sum=t.iteration_tokens_sum, kv_transfers=t.kv_transfers,
+                kv_transfer_bytes=t.kv_transfer_bytes, kv_transfer_seconds_counts=tuple(t.kv_seconds),
+                kv_transfer_seconds_sum=t.kv_seconds_sum) for m, t in self._totals.items()}  # fmt: skip
+            caches = tuple(CacheInfo(model=r.view.model, instance=iid, block_size=r.stats.kv_block_size,
+                                     num_gpu_blocks=r.stats.kv_blocks, cache_dtype=self.cache_dtype)
+                           for iid, r in self.instances.items() if r.stats is not None and r.stats.kv_blocks)  # fmt: skip
+            states: dict[tuple[str, str], int] = {}
+            for r in self.instances.values():
+                key = (r.view.model, self._state_of(r))
+                states[key] = states.get(key, 0) + 1
+            lost = tuple((r.view.model, iid, n) for iid, r in self.instances.items() for n in r.lost_nodes)
+        return FleetStats(load=self.model_load(), counters=counters, caches=caches, instances=states, lost_nodes=lost,
+                          health=self.health(repairing))  # fmt: skip
+
+    def ready_counts(self) -> dict[str, int]:
+        """model -> number of registered instances taking traffic."""
+        with self._lock:
+            out = dict.fromkeys(self.models, 0)
+            for r in self.instances.values():
+                if r.state is Lifecycle.ACTIVE:
+                    out[r.view.model] += 1
+            return out
+
+    def model_load(self) -> dict[str, tuple[int, int, float]]:
+        """model -> (requests running, requests waiting, mean KV-cache usage 0-1), from the heartbeats.
+
+        Requests parked for a retry count as waiting.
+        """
+        with self._lock:
+            out: dict[str, tuple[int, int, float]] = {}
+            for m in self.models:
+                recs = [r for r in self.instances.values() if r.view.model == m]
+                waiting = sum(r.reported_waiting for r in recs) + sum(1 for h in self._parked if h.model == m)
+                running = sum(max(0, r.reported_in_flight - r.reported_waiting) for r in recs)
+                kv = sum(r.reported_kv_usage for r in recs) / len(recs) if recs else 0.0
+                out[m] = (running, waiting, kv)
+            return out
+
+    def can_serve(self, model: str) -> bool:
+        """Whether ``model`` has an active prefill-capable instance."""
+        with self._lock:
+            return any(r.view.model == model and r.view.phase != "decode" and r.state is Lifecycle.ACTIVE for r in self.instances.values())
+
+    def observe_demand(self) -> dict[str, dict[str, float]]:
+        """Tokens/s per model and phase since the last call (prefill: prompt tokens; decode: generated).
+
+        Returns:
+            model -> {"prefill": tok/s, "decode": tok/s} for every served model.
+        """
+        with self._lock:
+            now = time.monotonic()
+            dt = max(1e-9, now - self._demand_t0)
+            out = {m: {"prefill": self._demand.get((m, "prefill"), 0) / dt, "decode": self._demand.get((m, "decode"), 0) / dt} for m in self.models}
+            self._demand.clear()
+            self._demand_t0 = now
+            return out
+
+    # --------------------------------------------------------------- requests
+
+    def check_model(self, model: str) -> ModelInfo:
+        """The served model of that name.
+
+        Raises:
+            RequestError: 404 listing the served models.
+        """
+        info = self.models.get(model)
+        if info is None:
+            served = ", ".join(sorted(self.models)) or "(none)"
+            raise RequestError(404, f"The model {model!r} does not exist; served models: {served}", "model", "model_not_found")
+        return info
+
+    def submit(
+        self, model: str, prompt: list[int], max_tokens: int, temperature: float, seed: int | None, ignore_eos: bool = False,
+        *, sampling: SamplingParams | None = None, stop_ids: Sequence[int] = (), sink: Callable[[TokenOut], None] | None = None,
+    ) -> RequestHandle:  # fmt: skip
+        """Validate, route and send one request.
+
+        Args:
+            model: the served model's name.
+            prompt: token ids.
+            max_tokens: tokens to generate at most.
+            temperature: 0 = greedy (ignored when ``sampling`` is given).
+            seed: sampling seed (None = derived from the request id).
+            ignore_eos: generate ``max_tokens`` tokens even past an end-of-sequence token.
+            sampling: every other sampling parameter (its seed and stop ids are filled in here).
+            stop_ids: token ids that end the request like EOS (even with ``ignore_eos``).
+            sink: receives each TokenOut on the coordinator's thread (default: the handle's queue).
+
+        Returns:
+            The handle whose queue receives the tokens; call :meth:`close` when done.
+
+        Raises:
+            RequestError: 404 unknown model, 400 bad prompt or length, 503 no instance.
+        """
+        info = self.check_model(model)
+        if not prompt:
+            raise RequestError(400, "prompt must not be empty", "prompt")
+        if len(prompt) >= info.max_context:
+            raise RequestError(400, f"prompt of {len(prompt)} tokens does not fit the model's context of {info.max_context} tokens", "prompt", "context_length_exceeded")
+        if len(prompt) + max_tokens > info.max_context:
+            raise RequestError(400, f"prompt ({len(prompt)}) + max_tokens ({max_tokens}) exceeds the model's context of {info.max_context} tokens", "max_tokens", "context_length_exceeded")
+        bad = [t for t in prompt if not 0 <= t < info.vocab_size]
+        if bad:
+            raise RequestError(400, f"token id {bad[0]} outside the model's vocabulary [0, {info.vocab_size})", "prompt")
+        with self._lock:
+            rid = f"req-{next(self._ids)}"
+            seed_ = seed if seed is not None else next(self._ids)
+            eos = (() if ignore_eos else info.eos_ids) + tuple(t for t in stop_ids if ignore_eos or t not in info.eos_ids)
+            if sampling is not None:
+                temperature = sampling.temperature
+                sampling = msgspec.structs.replace(sampling, seed=seed_, stop_ids=eos, prompt_len=len(prompt))
+            h = RequestHandle(
+                request_id=rid, model=model, prompt_len=len(prompt), queue=queue.Queue(), t_start=time.perf_counter(),
+                instance_id="", prompt=tuple(prompt), max_tokens=max_tokens, temperature=temperature,
+                seed=seed_, eos_ids=eos, sampling=sampling, sink=sink,
+            )  # fmt: skip
+            if not self._dispatch(h):
+                until = self.expected.get(model, 0.0)
+                if time.monotonic() >= until:
+                    raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
+                # an instance of it is being replaced: wait for it, as a retried request does
+                h.retry_deadline = until
+                self._parked.append(h)
+            self._handles[rid] = h
+            self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
+        return h
+
+    def _dispatch(self, h: RequestHandle) -> bool:
+        """Route and send the request's next attempt (lock held); False if no instance takes it."""
+        views = [r.view for r in self.instances.values() if r.view.model == h.model and r.state is Lifecycle.ACTIVE]
+        states = self._routes.get(h.model, {})
+        load: dict[str, float] | None = None
+        held: dict[str, float] | None = None
+        if self.router == "least-work":
+            load, held = {}, {}
+            for other in self._wire.values():  # outstanding work per instance, from the live attempts
+                if other.done or other.model != h.model:
+                    continue
+                if not other.generated:  # no token yet: its prefill is queued or running
+                    load[other.instance_id] = load.get(other.instance_id, 0.0) + other.prompt_len
+                if other.decode_instance:
+                    held[other.decode_instance] = held.get(other.decode_instance, 0.0) + 1.0
+        pre, states = pick_prefill(views, states, load=load, new_work=float(h.prompt_len))
+        if pre is None:
+            return False
+        dec = None
+        if pre.phase == "prefill":
+            dec, states = pick_decode(views, pre.region, states, held=held)
+        self._routes[h.model] = states
+        h.instance_id, h.decode_instance = pre.instance_id, dec.instance_id if dec is not None else ""
+        h.wire_id = h.request_id if h.retries == 0 else f"{h.request_id}.{h.retries}"
+        self._wire[h.wire_id] = h
+        now = time.monotonic()
+        for iid in (pre.instance_id, h.decode_instance):
+            rec = self.instances.get(iid)
+            if rec is not None and not rec.t_first_request:
+                rec.t_first_request = now
+                self._event(iid, "first request")
+        sub = Submit(
+            request_id=h.wire_id, prompt=h.prompt + tuple(h.generated), max_tokens=h.max_tokens - len(h.generated),
+            temperature=h.temperature, seed=h.seed, eos_ids=h.eos_ids, reply_to=self.t.address,
+            decode_to=self.instances[dec.instance_id].address if dec is not None else "", sampling=h.sampling,
+        )  # fmt: skip
+        self.t.send(self.instances[pre.instance_id].address, sub)
+        return True
+
+    def _cancel_attempt(self, h: RequestHandle) -> None:
+        """Forget the current attempt and tell its (live) instances to drop it (lock held)."""
+        self._wire.pop(h.wire_id, None)
+        for iid in {h.instance_id, h.decode_instance} - {""}:
+            rec = self.instances.get(iid)
+            if rec is not None:
+                self.t.send(rec.address, Cancel(request_ids=(h.wire_id,)))
+
+    def _retry(self, h: RequestHandle, reason: str) -> None:
+        """Resend a request whose instance failed, or end it with an explicit error (lock held)."""
+        self._cancel_attempt(h)
+        if h.retries >= self.max_retries:
+            self._give_up(h, f"{reason}; gave up after {h.retries} retries")
+            return
+        h.retries += 1
+        self.retried += 1
+        log.warning("coordinator: retrying %s (attempt %d): %s", h.request_id, h.retries + 1, reason)
+        if not self._dispatch(h):
+            h.retry_deadline = time.monotonic() + self.retry_wait_s
+            self._parked.append(h)
+
+    def _give_up(self, h: RequestHandle, reason: str) -> None:
+        h.done = True
+        h.error_status = 503
+        self.failed_requests += 1
+        self._wire.pop(h.wire_id, None)
+        h.deliver(TokenOut(request_id=h.request_id, tokens=(), finished=True, finish_reason="error", error=reason))
+
+    def _on_token(self, msg: TokenOut) -> None:
+        with self._lock:
+            h = self._wire.get(msg.request_id)
+            if h is None or h.done:
+                return  # a cancelled or superseded attempt
+            if msg.error and msg.retryable:
+                self._retry(h, msg.error)
+                return
+            h.generated.extend(msg.tokens)
+            self._demand[(h.model, "decode")] = self._demand.get((h.model, "decode"), 0) + len(msg.tokens)
+            if msg.finished:
+                h.done = True
+                del self._wire[msg.request_id]
+                if msg.error:
+                    self.failed_requests += 1
+        h.deliver(msg)
+
+    def tokens(self, h: RequestHandle, timeout_s: float) -> Any:
+        """Yield each :class:`TokenOut` of a request until it finishes.
+
+        Args:
+            h: the request.
+            timeout_s: longest wait for the next message.
+
+        Raises:
+            RequestError: 504 if a message does not come in time; 500 on an engine error;
+                503 when the request's instances failed more than ``max_retries`` times.
+        """
+        while True:
+            try:
+                msg = h.queue.get(timeout=timeout_s)
+            except queue.Empty:
+                raise RequestError(504, f"no token for {timeout_s:.0f} s; request {h.request_id} abandoned", None, "timeout") from None
+            if msg.error:
+                code = "instance_failed" if h.error_status == 503 else "engine_error"
+                raise RequestError(h.error_status, f"request {h.request_id} failed: {msg.error}", None, code)
+            now = time.perf_counter()
+            if msg.tokens:
+                if h.n_tokens == 0:
+                    h.t_first = now
+                h.t_last = now
+                h.n_tokens += len(msg.tokens)
+            yield msg
+            if msg.finished:
+                return
+
+    def close(self, h: RequestHandle, status: str = "ok") -> None:
+        """Forget a request (an unfinished one is cancelled upstream).
+
+        Args:
+            h: the request.
+            status: why it ends (``ok``, ``error``, ``abort``), for the log.
+        """
+        with self._lock:
+            self._handles.pop(h.request_id, None)
+            if not h.done:
+                h.done = True
+                self._cancel_attempt(h)
+                if h in self._parked:
+                    self._parked.remove(h)
+                log.debug("coordinator: %s closed before it finished (%s)", h.request_id, status)
+
