@@ -53,7 +53,7 @@ from coral.runtime.deploy.secrets import (
 )
 from coral.runtime.deploy.vllm import vllm_reason
 
-FORMATS = ("skypilot", "vllm")
+FORMATS = ("skypilot", "vllm", "grafana")
 
 # Coral GPU names -> SkyPilot accelerator names (SkyPilot calls the 40 GB A100 "A100").
 SKYPILOT_ACCELERATOR = {"A100-40GB": "A100", "V100-16GB": "V100"}
@@ -478,12 +478,23 @@ def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int =
     return Export(format="vllm", files=files, skipped=tuple(skipped), warnings=tuple(warnings), secrets=secrets or make_secrets())
 
 
-def export_plan(plan: PlanFile, fmt: str, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
+def export_grafana() -> Export:
+    """The Grafana dashboard of a deployment's metrics (:mod:`coral.runtime.deploy.grafana`; no plan needed)."""
+    from coral.runtime.deploy.grafana import dashboard_json
+
+    return Export(format="grafana", files={"coral-dashboard.json": dashboard_json()})
+
+
+def export_plan(plan: PlanFile | None, fmt: str, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
     """Dispatch on `fmt` (one of :data:`FORMATS`).
 
     Raises:
-        CoralError: an unknown format, or the format's own refusals.
+        CoralError: an unknown format, a plan missing for skypilot or vllm, or the format's own refusals.
     """
+    if fmt == "grafana":
+        return export_grafana()
+    if plan is None:
+        raise CoralError(f"--format {fmt} exports a plan: pass --plan plan.json (from `coral plan --out`)")
     if fmt == "skypilot":
         return export_skypilot(plan, allow_derived=allow_derived, secrets=secrets)
     if fmt == "vllm":
@@ -528,4 +539,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

@@ -1,7 +1,7 @@
 """The request bodies of the OpenAI API as pydantic models (the OpenAPI schema is generated from them).
 
 They mirror OpenAI's and vLLM's fields. As in vLLM's server, a field the models do not
-know is ignored and logged, not refused (clients and gateways send fields of newer API
+know is ignored and logged (one line per request, its count and first few names), not refused (clients and gateways send fields of newer API
 versions); a known field whose value the engine cannot honour (``best_of`` above ``n``,
 beam search, tools, a ``response_format`` other than text, ``suffix``, ``echo`` with
 ``logprobs``) is refused with a 400 that names the field and the value
