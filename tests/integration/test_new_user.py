@@ -295,6 +295,18 @@ def test_scenario_init_writes_a_valid_starter_and_never_overwrites(tmp_path: Pat
     assert "mine" == p.read_text()
 
 
+def test_the_starter_plans_as_written(tmp_path: Path, cache: Path):
+    # issue 26, item 4: what `coral scenario init` writes is solved by `coral plan` without an edit
+    p = tmp_path / "my.yaml"
+    assert 0 == run("scenario", "init", str(p)).exit_code
+    r = run("plan", str(p), "--json")
+    assert 0 == r.exit_code, r.output
+    data = json.loads(r.stdout)
+    assert "my-scenario" == data["scenario"]
+    assert 1.0 == pytest.approx(data["alpha"])
+    assert data["cost_usd_per_h"] > 0
+
+
 # -- 4: results in a pipe ---------------------------------------------------------------------------
 
 def test_pipe_output_keeps_lines_and_names_whole(tmp_path: Path, cache: Path):
@@ -358,3 +370,92 @@ def test_scenario_is_a_positional_argument_with_scenario_as_alias(tmp_path: Path
 def test_scenario_named_wrongly_is_one_line(args: list[str], message: str):
     r = run(*args)
     clean_error(r, 2, message)
+
+
+# -- issue 26, item 5: --verify says what it checked -------------------------------------------------
+
+def _verdicts(decode: float, joint: float):
+    from coral.experiments import verify as verify_mod
+
+    # decode below its phase target (97.5 %) while the model's joint target (95 %) holds or not
+    return [verify_mod.Verdict(model="phi-4", phase=Phase.PREFILL, attainment=0.99, phase_target=0.975,
+                               model_attainment=joint, model_target=0.95, requests=400),
+            verify_mod.Verdict(model="phi-4", phase=Phase.DECODE, attainment=decode, phase_target=0.975,
+                               model_attainment=joint, model_target=0.95, requests=400)]
+
+
+def test_verify_marks_a_phase_below_its_target_and_says_whether_the_model_holds(
+        tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch):
+    from coral.experiments import verify as verify_mod
+
+    scen = str(tiny(tmp_path))
+    monkeypatch.setattr(verify_mod, "verify_plan", lambda setup, plan, **kw: _verdicts(0.96, 0.955))
+    r = run("plan", scen, "--verify")
+    assert 0 == r.exit_code, r.output
+    text = " ".join(r.stdout.split())
+    assert "│ phi-4 │ decode │ TPOT │ 96.0% │ 97.5% │ below │" in text
+    assert "│ phi-4 │ prefill │ TTFT │ 99.0% │ 97.5% │ ok │" in text
+    assert "phi-4: 95.5% of 400 requests meet both SLOs; target 95% holds" in text
+    assert "below: the phase misses the share it was sized for" in text
+    data = json.loads(run("plan", scen, "--verify", "--json").stdout)
+    pairs = {p["phase"]: p for p in data["verification"][0]["pairs"]}
+    assert (False, True) == (pairs["decode"]["phase_ok"], pairs["decode"]["model_ok"])
+    assert (True, True) == (pairs["prefill"]["phase_ok"], pairs["prefill"]["model_ok"])
+    monkeypatch.setattr(verify_mod, "verify_plan", lambda setup, plan, **kw: _verdicts(0.90, 0.89))
+    r = run("plan", scen, "--verify")
+    assert 3 == r.exit_code
+    assert "phi-4: 89.0% of 400 requests meet both SLOs; target 95% MISSED" in " ".join(r.stdout.split())
+
+
+def test_attainment_plot_marks_an_unreachable_point():
+    import matplotlib.pyplot as plt
+
+    from coral.experiments.verify import attainment_figure
+
+    fig = attainment_figure([(0.5, 12.0), (0.9, 21.0), (0.99, None)], "t")
+    ax = fig.axes[0]
+    assert ["$12", "$21", "99.0%: unreachable "] == [t.get_text() for t in ax.texts]
+    assert [99.0, 99.0] == list(ax.lines[-2].get_xdata())  # the dotted line at 99 %
+    assert [50.0, 90.0] == list(ax.lines[0].get_xdata())  # the reachable points, joined
+    plt.close(fig)
+
+
+# -- issue 26, item 7: the wrong kind of file ---------------------------------------------------------
+
+def test_a_cluster_file_or_a_plan_given_as_scenario_is_named(tmp_path: Path, cache: Path):
+    cluster = REPO / "examples" / "cluster-tiny.yaml"
+    for args in (["plan", str(cluster)], ["scenario", "show", str(cluster)]):
+        r = run(*args)
+        clean_error(r, 2, f"{cluster} is a cluster file (for `coral serve --config`", "not a scenario file")
+        assert 1 == len(r.output.strip().splitlines())
+    out = tmp_path / "plan.json"
+    assert 0 == run("plan", str(tiny(tmp_path)), "--out", str(out)).exit_code
+    clean_error(run("plan", str(out)), 2, f"{out} is a plan file (written by `coral plan --out`", "not a scenario file")
+    from coral.file_kinds import MARKERS
+
+    assert MARKERS["plan"] <= set(json.loads(out.read_text()))  # the markers are a plan file's keys
+
+
+def test_a_scenario_given_as_cluster_file_is_named(tmp_path: Path):
+    _needs_runtime()
+    scen = tiny(tmp_path)
+    r = run("serve", "--config", str(scen))
+    clean_error(r, 2, f"{scen} is a scenario file (for `coral plan`, `simulate` and `scenario show`), "
+                      "not a cluster file")
+    assert 1 == len(r.output.strip().splitlines())
+    assert "Extra inputs are not permitted" not in r.output
+
+
+def test_file_kind_markers_are_fields_of_their_own_kind_only():
+    from coral.file_kinds import MARKERS, file_kind
+    from coral.runtime.deploy.cluster_config import ClusterFile
+    from coral.scenario.schema import ScenarioFile
+
+    fields = {"scenario": set(ScenarioFile.model_fields), "cluster": set(ClusterFile.model_fields)}
+    for kind, keys in fields.items():
+        assert MARKERS[kind] <= keys, kind
+    for kind, markers in MARKERS.items():  # (the plan's markers are checked on a written plan above)
+        for other, keys in fields.items():
+            assert other == kind or not markers & keys, (kind, other)
+    assert file_kind(yaml.safe_load((REPO / "examples" / "cluster-tiny.yaml").read_text())) == "cluster"
+    assert file_kind({"models": []}) is None  # both kinds have models: not enough to say

@@ -151,27 +151,41 @@ def attainment_costs(scenario_name: str, targets: Sequence[float], *, method: st
     return out
 
 
-def plot_attainment_costs(rows: Sequence[tuple[float, float]], path: Any, title: str) -> None:
-    """$/h against the attainment target, written atomically to `path` (PNG)."""
+def attainment_figure(rows: Sequence[tuple[float, float | None]], title: str) -> Any:
+    """$/h against the attainment target, as a matplotlib figure; a target no plan reaches (cost
+    None) is drawn as a dotted line marked "unreachable" at its place on the axis, not left out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from coral.atomic import write_bytes
-
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    xs = [a * 100 for a, _ in rows]
-    ax.plot(xs, [c for _, c in rows], marker="o")
-    for x, (_, c) in zip(xs, rows, strict=True):
+    solved = [(a * 100, c) for a, c in rows if c is not None]
+    ax.plot([x for x, _ in solved], [c for _, c in solved], marker="o")
+    for x, c in solved:
         ax.annotate(f"${c:,.0f}", (x, c), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+    for a in (target for target, cost in rows if cost is None):
+        ax.axvline(a * 100, color="tab:red", linestyle=":", linewidth=1.2)
+        ax.plot([a * 100], [0.6], marker="x", color="tab:red", transform=ax.get_xaxis_transform(), clip_on=False)
+        ax.text(a * 100, 0.04, f"{a:.1%}: unreachable ", transform=ax.get_xaxis_transform(), color="tab:red",
+                rotation=90, ha="right", va="bottom", fontsize=8)
     ax.set_xlabel("attainment target (% of requests within both SLOs)")
     ax.set_ylabel("plan $/h")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    return fig
+
+
+def plot_attainment_costs(rows: Sequence[tuple[float, float | None]], path: Any, title: str) -> None:
+    """`attainment_figure` written atomically to `path` (PNG)."""
     import io
 
+    import matplotlib.pyplot as plt
+
+    from coral.atomic import write_bytes
+
+    fig = attainment_figure(rows, title)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)

@@ -16,6 +16,7 @@ from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
 from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec, resolve_model_spec
 from coral.errors import CoralError, unknown
+from coral.file_kinds import wrong_kind
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
@@ -174,7 +175,7 @@ def parse_scenario(data: Any, where: str) -> ScenarioFile:
     try:
         return ScenarioFile.model_validate(data)
     except ValidationError as exc:
-        raise CoralError(_format_validation(exc, where)) from None
+        raise CoralError(wrong_kind(where, data, "scenario") or _format_validation(exc, where)) from None
 
 
 def read_scenario_file(name_or_path: str) -> tuple[ScenarioFile, Path | None]:

@@ -11,7 +11,8 @@ description: "One model on L4 / L40S nodes in one AWS region"
 models:
   - name: qwen3-32b            # reported under this name; a built-in spec (`coral catalog models`)
     # spec: path/to/config.json  # or your own Hugging Face config.json (relative to this file)
-    ttft_ms: 2500              # time-to-first-token SLO, ms
+    ttft_ms: 5000              # time-to-first-token SLO, ms: half of it is the prefill budget of
+                               # the long prompts; `coral plan` says when a value is out of reach
     tpot_ms: 100               # time-per-output-token SLO, ms
     workload:
       rate_per_s: 4            # mean requests per second

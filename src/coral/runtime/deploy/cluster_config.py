@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from coral.catalog.models import ModelSpec, from_hf_config
 from coral.errors import CoralError
+from coral.file_kinds import wrong_kind
 from coral.perf.model import Phase
 from coral.runtime.engine.model import model_config_dict
 
@@ -440,4 +441,7 @@ def load_cluster(path: str | Path) -> ClusterSpec:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         raise CoralError(f"{p}: not valid YAML: {e}") from None
-    return parse_cluster(data, str(p))
+    try:
+        return parse_cluster(data, str(p))
+    except CoralError as e:
+        raise CoralError(wrong_kind(str(p), data, "cluster") or str(e)) from None
