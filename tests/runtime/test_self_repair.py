@@ -13,11 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.lifecycle import shape_key
 
-from .conftest import http, wait_until
+from .conftest import deployment, http, wait_until
 from .test_lifecycle import Load
 
 CLUSTER = {
@@ -54,12 +53,7 @@ class Health:
 
 @pytest.fixture(scope="module")
 def dep() -> Iterator[Deployment]:
-    d = Deployment(parse_cluster(CLUSTER), http_port=0)
-    d.start(timeout_s=120)
-    try:
-        yield d
-    finally:
-        d.stop()
+    yield from deployment(CLUSTER)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -1,4 +1,4 @@
-"""`coral serve` as a user runs it: SIGTERM under load drains (new requests 503 + Retry-After, the streams in
+"""`coral serve` as a user runs it: SIGTERM or SIGINT (Ctrl-C) under load drains (new requests 503 + Retry-After, the streams in
 flight finish, none is cut), then it stops with exit code 0; a non-loopback bind without an API key is refused."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from coral.cli import main
@@ -21,7 +22,8 @@ CLUSTER = ("coordinator: {port: 0}\ndevice: cpu\nmodels:\n  - {name: t, builtin:
            "instances:\n  - {name: t1, model: t, stages: [{layers: [0, 3]}, {layers: [3, 6]}]}\n")
 
 
-def test_sigterm_under_load_cuts_no_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_under_load_cuts_no_stream(tmp_path: Path, sig: signal.Signals) -> None:
     cfg, ready = tmp_path / "c.yaml", tmp_path / "ready"
     cfg.write_text(CLUSTER)
     coral = str(Path(sys.executable).parent / "coral")
@@ -38,7 +40,7 @@ def test_sigterm_under_load_cuts_no_stream(tmp_path: Path) -> None:
         assert wait_until(lambda: "vllm:num_requests_running" in http("GET", url + "/metrics")[1]
                           and sum(float(line.split()[-1]) for line in http("GET", url + "/metrics")[1].splitlines()
                                   if line.startswith("vllm:num_requests_running")) >= 1, 30)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         assert wait_until(lambda: http("GET", url + "/health")[1].get("status") == "draining", 10)
         s, body = http("POST", url + "/v1/completions", {"model": "t", "prompt": [5], "max_tokens": 2})
         assert 503 == s and "shutting_down" == body["error"]["code"]
@@ -46,7 +48,7 @@ def test_sigterm_under_load_cuts_no_stream(tmp_path: Path) -> None:
             t.join(timeout=90)
         out = proc.communicate(timeout=60)[0].decode()
         assert 0 == proc.returncode, out
-        assert "SIGTERM: draining" in out and "stopped" in out and "still in flight" not in out
+        assert f"{sig.name}: draining" in out and "stopped" in out and "still in flight" not in out
         assert 6 == len(results)
         assert [] == [r.error for r in results if not r.ok]  # 0 cut streams
         assert all(120 == r.output_tokens and r.outcome == "completed" for r in results)

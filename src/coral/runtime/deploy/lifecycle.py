@@ -416,6 +416,8 @@ class Controller:
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(self.repair_poll_s):
+            if not self.repair:  # turned off (a deployment draining to stop replaces nothing)
+                continue
             try:
                 self.repair_now()
             except Exception:
