@@ -66,8 +66,9 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
         prev: the running plan (a `Plan`, or {(region, template key): count}); instances beyond
             it pay the start-up penalty `p·init_s/3600` (coral optimizes it, the baselines only
             report it).
-        options: solver backend, time limit (covering the whole call: the inputs, the columns and
-            every solve) and MIP gap; default HiGHS, 60 s, gap 1e-4.
+        options: solver backend, time limit (covering the solve: the columns and every solve;
+            not building the inputs, whose capacity targets replay the traffic whatever the
+            limit) and MIP gap; default HiGHS, 60 s, gap 1e-4.
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
             the SLO, quoted in the error when a model has no template (the library may know it).
 
@@ -82,14 +83,11 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
     """
     if method not in METHODS:
         raise CoralError(f"unknown allocation method {method!r}; valid: {', '.join(METHODS)}")
-    began = time.perf_counter()
     inputs = build_inputs(scenario, library, demand=demand, availability=availability,
                           nearest_latency_ms=nearest_latency_ms)
-    # the time limit covers the whole call: what the inputs took (capacity targets, the library's
-    # arrays) is spent
-    options = options or DEFAULT_OPTIONS
-    left = max(options.time_limit_s - (time.perf_counter() - began), 0.05)
-    return allocate_inputs(inputs, method=method, prev=prev, options=replace(options, time_limit_s=left))
+    # the time limit is the solve's: a first run that spends it replaying the traffic for the
+    # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
+    return allocate_inputs(inputs, method=method, prev=prev, options=options)
 
 
 def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: PrevPlan | None = None,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,8 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
 def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, *,
                      scale: Mapping[str, float] | None = None,
                      boost: Mapping[Group, float] | None = None,
-                     library: Any = None, store: bool | None = None) -> dict[Group, CapacityTarget]:
+                     library: Any = None, store: bool | None = None,
+                     progress: Callable[[int, int], None] | None = None) -> dict[Group, CapacityTarget]:
     """Per (model, phase), the capacity that keeps the model's attainment target on its traffic.
 
     Args:
@@ -78,6 +79,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         store: keep the targets of the scenario's own sample on disk across processes
             (`coral.allocator.capacity_store`, keyed by the replay's content); default on unless
             `CORAL_CAPACITY_CACHE=0`. Windows, scales and boosts are never stored.
+        progress: called with (models sized, models) after each model (the replays of a large
+            sample take seconds each).
 
     Returns:
         The targets; a model without requests in its sample gets 0.
@@ -106,7 +109,9 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         if hit is not None:
             return hit
     out: dict[Group, CapacityTarget] = {}
-    for m in scenario.models:
+    for done, m in enumerate(scenario.models):
+        if progress is not None:
+            progress(done, len(scenario.models))
         if samples is None:
             from coral.scenario.traffic import traffic_sample
 
@@ -153,6 +158,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
                                         predicted_attainment=target.predicted_attainment,
                                         quantile_latency_s=target.quantile_latency_s)
             out[(m.name, ph)] = target
+    if progress is not None:
+        progress(len(scenario.models), len(scenario.models))
     if memo_key is not None:
         if len(_MEMO) > 32:
             _MEMO.clear()

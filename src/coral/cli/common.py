@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,5 +75,39 @@ def prepare_with_progress(scenario_name: str, demand_scale: float, availability:
                 tasks[key] = bar.add_task(f"templates {spec.model.name} {spec.phase.value}", total=total)
             bar.update(tasks[key], completed=done)
 
-        return prepare(scenario, availability=availability, jobs=jobs, n_max=n_max,
-                       cache_dir=Path(cache_dir) if cache_dir else None, step=step)
+        setup = prepare(scenario, availability=availability, jobs=jobs, n_max=n_max,
+                        cache_dir=Path(cache_dir) if cache_dir else None, step=step)
+        # the capacity targets replay each model's traffic sample (seconds per model at a large
+        # demand; kept in memory and on disk for the plan that follows)
+        from coral.allocator.demand import capacity_targets
+
+        task = bar.add_task("capacity targets (replaying each model's traffic)", total=len(scenario.models))
+        capacity_targets(setup.scenario, library=setup.library,
+                         progress=lambda done, total: bar.update(task, completed=done, total=total))
+        return setup
+
+
+@contextmanager
+def solve_progress(limit_s: float, quiet: bool) -> Iterator[None]:
+    """A bar up to the solve's time limit while the allocation solves (the solver reports
+    nothing until it returns); in a pipe a line every few seconds, none for a quick solve."""
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+    with progress_display(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=err_console,
+                          disable=quiet, transient=True) as bar:
+        task = bar.add_task(f"solving the allocation (time limit {limit_s:g} s, seconds)", total=limit_s)
+        stop = threading.Event()
+
+        def beat() -> None:
+            began = time.monotonic()
+            while not stop.wait(1.0):
+                bar.update(task, completed=min(time.monotonic() - began, 0.99 * limit_s))
+
+        ticker = threading.Thread(target=beat, name="solve-progress", daemon=True)
+        ticker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            ticker.join()
+            bar.remove_task(task)

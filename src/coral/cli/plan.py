@@ -23,6 +23,7 @@ from coral.cli.common import (
     prepare_with_progress,
     scale_opt,
     scenario_opt,
+    solve_progress,
 )
 from coral.cli_support import EXIT_INFEASIBLE, check_output_path, err_console
 from coral.errors import CoralError
@@ -46,7 +47,9 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 @jobs_opt
 @cache_opt
 @nmax_opt
-@click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True)
+@click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help=(
+    "Seconds the solve may take (replaying the traffic for the capacity targets before it is not counted). "
+    "A plan that hits it is kept (exit 0) with one line on stderr giving its gap."))
 @click.option("--gap", type=click.FloatRange(min=0), default=1e-4, show_default=True, help="Relative MIP gap.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the plan as JSON here.")
 @click.option("--verify", is_flag=True, help=(
@@ -106,7 +109,9 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
         result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
     else:
-        result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
+        with solve_progress(time_limit_s, as_json):
+            result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
+        _warn_time_limit(result, time_limit_s, gap)
         if verify:
             from coral.experiments.verify import CalibrationStep, verify_plan
 
@@ -151,6 +156,20 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
                            "predicted below target: ") + ", ".join(missing))
         raise SystemExit(3)
+
+
+def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:
+    """One stderr line when the solve stopped at its time limit: the plan stands (exit 0), but
+    it is not proved within --gap, and the user can give it more time."""
+    from coral.solver import Status
+
+    if result.status is not Status.TIME_LIMIT:
+        return
+    got = (f"with a gap of {result.gap:.2%} (asked: {gap:.2%})" if result.gap is not None
+           else "without a proven gap (the template-greedy fallback)")
+    err_console.print(f"time limit: the solve stopped after --time-limit-s {time_limit_s:g} {got}; the plan stands "
+                      f"(exit 0), but a cheaper one may exist: give it more time, e.g. --time-limit-s "
+                      f"{max(2 * time_limit_s, 120):g}", highlight=False, soft_wrap=True)
 
 
 def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any, engine: str,

@@ -15,13 +15,22 @@ from coral.workload.trace import Trace
 # user sizes on past traffic: for a trace replay it starts at another point of the trace.
 PLANNING_SEED = 7919
 
+# At a high rate the default sample is the part of `planner.history_s` that holds this many requests:
+# the same draw cut short, so its rate, lengths and burst shape are the history's (a trace replay at
+# rate r loops the trace every len(trace)/r s), while its memory and the capacity replays stay
+# bounded: an hour of core at 1000x is 36 M requests per model (8 GB). Every built-in scenario's
+# history holds fewer. Workloads with a demand shift keep the whole history (the shift is in time).
+MAX_SAMPLE_REQUESTS = 400_000
+
 _SAMPLES: dict[tuple[Any, ...], Trace] = {}
 _SUMMARIES: dict[tuple[int, float], tuple[Trace, LengthSummary]] = {}  # (id(sample), quantile) -> the summary
 
 
 def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *,
                    min_rate_per_s: float = 0.0) -> Trace:
-    """`duration_s` (default `planner.history_s`) of `model`'s workload, drawn with `PLANNING_SEED`.
+    """`duration_s` (default `planner.history_s`, cut to hold at most `MAX_SAMPLE_REQUESTS` of a
+    workload without a shift) of `model`'s workload, drawn with `PLANNING_SEED`; its `window_s`
+    says how long it is.
 
     Args:
         min_rate_per_s: draw at least this rate (the lengths do not depend on the rate, so the
@@ -40,6 +49,8 @@ def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *
     workload = served.workload
     if workload.rate_per_s < min_rate_per_s:
         workload = workload.model_copy(update={"rate_per_s": min_rate_per_s})
+    if duration_s is None and workload.shift.kind == "none" and workload.rate_per_s * window > MAX_SAMPLE_REQUESTS:
+        window = MAX_SAMPLE_REQUESTS / workload.rate_per_s
     key = (served.name, workload.model_dump_json(), str(scenario.base_dir), window)
     hit = _SAMPLES.get(key)
     if hit is None:
