@@ -37,6 +37,7 @@ them elsewhere), stops its other nodes and exits.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import threading
@@ -49,6 +50,8 @@ from typing import Any
 from coral.policy import SmoothWRR
 from coral.runtime.engine.kv_cache import BlockPool
 from coral.runtime.protocol import (
+    ITERATION_TOKEN_BUCKETS,
+    KV_TRANSFER_SECONDS_BUCKETS,
     TOKEN_NO_KV,
     BatchItem,
     Cancel,
@@ -59,6 +62,7 @@ from coral.runtime.protocol import (
     ForwardResult,
     Heartbeat,
     InstanceHello,
+    InstanceStats,
     KvLoaded,
     KvSend,
     KvSource,
@@ -99,6 +103,8 @@ class _Req:
     group: int = -1
     kv_layers: int = 0
     kv_deadline: float = 0.0
+    kv_t0: float = 0.0  # when its KV hand-off was asked for (decode side)
+    kv_bytes: int = 0  # KV bytes loaded for it so far
     handed_off: bool = False
     history: tuple[int, ...] = ()  # tokens this route has not been fed (a decode hand-off), sent once
     t_arrived: float = 0.0
@@ -189,6 +195,13 @@ class Scheduler:
         self.stale: dict[str, tuple[str, ...]] = {}
         self.step_trace = step_trace
         self._step_meta: dict[int, tuple[int, int, int, float]] = {}  # batch id -> (requests, tokens, context, sent)
+        # cumulative counters for the coordinator's metrics (InstanceStats in the heartbeat)
+        self._iter_tokens = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        self._iter_tokens_sum = 0
+        self._kv_transfers = 0
+        self._kv_bytes = 0
+        self._kv_seconds = [0] * (len(KV_TRANSFER_SECONDS_BUCKETS) + 1)
+        self._kv_seconds_sum = 0.0
 
     # --------------------------------------------------------------- loop
 
@@ -266,8 +279,19 @@ class Scheduler:
             self.t.send(self.coordinator, Heartbeat(
                 sender=self.t.address, role="scheduler", instance_id=self.instance_id, state=self.state,
                 in_flight=len(self.reqs), hello=self._hello_msg() if self.ready else None, reason=self.failed,
-                waiting=len(self.waiting), kv_cache_usage=self.kv_cache_usage(),
+                waiting=len(self.waiting), kv_cache_usage=self.kv_cache_usage(), stats=self.stats(),
             ))  # fmt: skip
+
+    def stats(self) -> InstanceStats:
+        """The counters since this scheduler started, its smallest KV pool, and the nodes it lost."""
+        pools = [p for p in self.ledgers.values() if p.num_blocks]
+        small = min(pools, key=lambda p: p.num_blocks) if pools else None
+        return InstanceStats(
+            preemptions=self.preempted, iteration_tokens=tuple(self._iter_tokens), iteration_tokens_sum=self._iter_tokens_sum,
+            kv_transfers=self._kv_transfers, kv_transfer_bytes=self._kv_bytes, kv_transfer_seconds=tuple(self._kv_seconds),
+            kv_transfer_seconds_sum=self._kv_seconds_sum, kv_block_size=small.block_size if small else 0,
+            kv_blocks=small.num_blocks if small else 0, lost_nodes=tuple(f"{s}/{k}" for s, k in sorted(self.dead)),
+        )  # fmt: skip
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         if msg.role != "engine":
@@ -313,10 +337,14 @@ class Scheduler:
                 else:
                     self._preempt(r)
         for bid, (g, outstanding) in list(self.in_flight.items()):
+            dropped = outstanding - set(self.by_kv)
             outstanding &= set(self.by_kv)
-            if not outstanding:
+            if not outstanding:  # nothing of this batch will be waited for: release what it still carried
                 del self.in_flight[bid]
                 self.busy[g] = False
+                for kv_id in dropped:
+                    for a in set(self.stale.pop(kv_id, ())) - self.dead_addrs:
+                        self.t.send(a, Release(request_ids=(kv_id,)))
 
     def _instance_failed(self, reason: str) -> None:
         """A node is gone: report, hand every request back for retry, stop the other nodes."""
@@ -375,16 +403,26 @@ class Scheduler:
         caps = [p.capacity_tokens for p in self.ledgers.values()]
         return min(caps) if caps else 0
 
-    def _mark_stale(self, r: _Req) -> None:
+    def _mark_stale(self, r: _Req) -> bool:
+        """Whether ``r``'s KV rides in a micro-batch in flight: then it is released when that batch comes
+        back (every stage has run it by then), not now. Released now, a later stage could see the batch
+        after the release and look for KV that is gone (a stop string or a client that left cancels
+        requests mid-step)."""
         if r.route and any(r.kv_id in out for _g, out in self.in_flight.values()):
             self.stale[r.kv_id] = r.route
+            return True
+        return False
+
+    def _release_kv(self, r: _Req) -> None:
+        """Tell ``r``'s route to drop its KV: now, or when its micro-batch in flight is back."""
+        if not self._mark_stale(r):
+            for a in set(r.route) - self.dead_addrs:
+                self.t.send(a, Release(request_ids=(r.kv_id,)))
 
     def _preempt(self, r: _Req) -> None:
         """Release ``r``'s KV and queue it at the front, to be prefilled again (recompute)."""
         rid = r.submit.request_id
-        self._mark_stale(r)
-        for a in set(r.route) - self.dead_addrs:
-            self.t.send(a, Release(request_ids=(r.kv_id,)))
+        self._release_kv(r)
         self._unledger(r)
         if r.group >= 0 and rid in self.members[r.group]:
             self.members[r.group].remove(rid)
@@ -469,7 +507,8 @@ class Scheduler:
         r = _Req(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
         r.generated = list(msg.generated)
         r.history = sub.prompt + msg.generated[:-1]
-        r.kv_deadline = time.monotonic() + self.kv_timeout_s
+        r.kv_t0 = time.monotonic()
+        r.kv_deadline = r.kv_t0 + self.kv_timeout_s
         r.admitted = next(self._admissions)
         self.reqs[sub.request_id] = r
         self.by_kv[r.kv_id] = sub.request_id
@@ -487,8 +526,14 @@ class Scheduler:
             self._fail(r, f"KV transfer failed: {msg.error}")
             return
         r.kv_layers += msg.layer_end - msg.layer_start
+        r.kv_bytes += msg.nbytes
         if r.kv_layers >= self.num_layers:
             r.kv_deadline = 0.0
+            took = time.monotonic() - r.kv_t0
+            self._kv_transfers += 1
+            self._kv_bytes += r.kv_bytes
+            self._kv_seconds[bisect.bisect_left(KV_TRANSFER_SECONDS_BUCKETS, took)] += 1
+            self._kv_seconds_sum += took
             self.waiting.append(msg.request_id)
 
     def _check_kv_deadlines(self) -> None:
@@ -570,6 +615,9 @@ class Scheduler:
             self.t.send(addr, ForwardBatch(batch_id=bid, reply_to=self.t.address, items=tuple(items)))
         self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
         self.busy[g] = True
+        step_tokens = sum(len(it.token_ids) for items in by_node.values() for it in items)
+        self._iter_tokens[bisect.bisect_left(ITERATION_TOKEN_BUCKETS, step_tokens)] += 1
+        self._iter_tokens_sum += step_tokens
         if self.step_trace is not None:
             rs = [self.reqs[rid] for rid in self.members[g]]
             self._step_meta[bid] = (len(rs), sum(len(r.pending) for r in rs), sum(r.position + len(r.pending) for r in rs),
@@ -667,11 +715,9 @@ class Scheduler:
             self.waiting.remove(rid)
 
     def _release(self, r: _Req) -> None:
-        self._mark_stale(r)
+        self._release_kv(r)
         self._unledger(r)
         self._remove(r)
-        for addr in set(r.route) - self.dead_addrs:
-            self.t.send(addr, Release(request_ids=(r.kv_id,)))
 
     def _fail(self, r: _Req, error: str, retryable: bool = False) -> None:
         log.warning("scheduler %s: request %s failed: %s", self.instance_id, r.submit.request_id, error)
