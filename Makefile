@@ -29,7 +29,7 @@ $(SKY_STAMP): pyproject.toml
 venv: $(STAMP) $(SKY_STAMP)
 
 demo: $(STAMP)
-	$(BIN)/coral experiment cost core --out runs/demo-cost-core
+	$(BIN)/coral experiment cost core --duration-s 720 --out runs/demo-cost-core
 
 test: $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest

@@ -7,7 +7,8 @@ slo (simulated attainment against each model's target, the simulated bill agains
 router's effect), planner (`coral plan` end to end in fresh processes with the library cached,
 start-up imports, goodput mode on scarce instances), sim (simulator throughput), runtime (router
 overhead, pipeline vs single process; the HTTP front end: overhead, 256 / 1,024 concurrent
-streams, 1,000 idle connections).
+streams, 1,000 idle connections), chaos (`coral bench` against `coral serve` while a random engine is
+killed every 60 s: nothing lost or cut, every model back to ok, RSS flat).
 
 Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--quick` skips
 the extended library build (about 4 minutes); `--full` adds the long variants of the helper benches.
@@ -475,7 +476,7 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "planner", "sim", "runtime")
+SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "planner", "sim", "runtime", "chaos")
 
 
 def main() -> None:
@@ -511,6 +512,8 @@ def main() -> None:
             elif section == "runtime":
                 bench_helper("runtime", "runtime_bench", args.quick or not args.full)
                 bench_helper("runtime", "frontend_bench", args.quick or not args.full)
+            elif section == "chaos":  # 10 minutes of load with a random engine killed every 60 s (quick: 60 s)
+                bench_helper("chaos", "chaos_bench", args.quick)
         except Exception as exc:  # a broken section must not hide the others' figures
             row(section, "FAILED", type(exc).__name__, "", False, str(exc)[:150])
     missed = [r for r in ROWS if r["ok"] is False]

@@ -27,7 +27,7 @@ def test_skypilot_nodes_add_up_to_the_plan(two_model_plan, tmp_path):
     got: Counter[tuple[str, str]] = Counter()
     control = yaml.safe_load((tmp_path / "sky" / "00-control-plane.yaml").read_text())
     assert "accelerators" not in control["resources"] and 1 == control["num_nodes"]  # a CPU node
-    for f in sorted((tmp_path / "sky").glob("*.yaml")):
+    for f in sorted((tmp_path / "sky").glob("[!.]*.yaml")):  # .sky.yaml is SkyPilot's project config
         if f.name == "00-control-plane.yaml":
             continue
         task = yaml.safe_load(f.read_text())
@@ -45,7 +45,8 @@ def test_skypilot_run_lines_cover_each_replica_layers(two_model_plan):
     scenario, plan, data = two_model_plan
     pf = load_plan_file(plan, str(scenario))
     ex = export_skypilot(pf)
-    assert 1 + sum(len(set(i.nodes)) for i in pf.instances) == len(ex.files)  # the control plane + engine tasks
+    # the control plane + engine tasks, and SkyPilot's project config
+    assert 1 + sum(len(set(i.nodes)) for i in pf.instances) == len([n for n in ex.files if not n.startswith(".")])
     for inst in pf.instances:
         ranges: Counter[tuple[int, int, int]] = Counter()
         for config in set(inst.nodes):
@@ -159,7 +160,7 @@ def test_derived_shapes_are_refused_or_flagged(tmp_path):
     assert not (tmp_path / "sky").exists()
     r = _export(plan, scenario, "skypilot", tmp_path / "sky", "--allow-derived")
     assert r.exit_code == 0, r.output
-    for f in (tmp_path / "sky").glob("*.yaml"):
+    for f in (tmp_path / "sky").glob("[!.]*.yaml"):
         if f.name == "00-control-plane.yaml":  # a CPU node: no shape of the plan's
             continue
         text = f.read_text()

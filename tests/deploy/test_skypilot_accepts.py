@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import run
+from .test_locked_export import check_locked
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,11 +27,12 @@ from sky import catalog
 out = []
 for path in sys.argv[1:]:
     task = sky.Task.from_yaml_config(yaml.safe_load(open(path)))
+    task.expand_and_validate_file_mounts()  # every mounted secret exists, from the folder `sky launch` runs in
     (res,) = task.resources
     acc = catalog.get_accelerators_from_instance_type(res.instance_type, clouds="aws") if res.instance_type else None
     out.append({"file": path, "num_nodes": task.num_nodes, "cloud": str(res.cloud).lower(), "region": res.region,
                 "accelerators": res.accelerators, "instance_type": res.instance_type, "catalog_accelerators": acc,
-                "run": task.run, "envs": task.envs, "ports": sorted(res.ports or []),
+                "run": task.run, "envs": task.envs, "ports": sorted(res.ports or []), "file_mounts": task.file_mounts,
                 "ports_expanded": sorted({p for spec in (res.ports or []) for p in
                                           (range(int(spec.split("-")[0]), int(spec.split("-")[-1]) + 1)
                                            if isinstance(spec, str) else [int(spec)])})})
@@ -65,25 +67,30 @@ def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
     exe = _sky_python()
     r = run("export", "--plan", str(plan), "--format", "skypilot", "--out", str(tmp_path / "sky"), *extra)
     assert r.exit_code == 0, r.output
-    files = sorted(str(p) for p in (tmp_path / "sky").glob("*.yaml"))
+    files = sorted(str(p) for p in (tmp_path / "sky").glob("[!.]*.yaml"))  # .sky.yaml: the project config
     home = tmp_path / "home"
     _sky_home(home, data_dir)
     env = {**os.environ, "HOME": str(home), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
-    proc = subprocess.run([exe, "-c", CHECK, *files], capture_output=True, text=True, env=env, timeout=240)
+    # from the export folder, as docs/deploy.md launches it: SkyPilot reads its .sky.yaml, finds its secrets/
+    proc = subprocess.run([exe, "-c", CHECK, *files], capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path / "sky")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(files) == len(tasks)
+    check_locked(tmp_path / "sky")
+    for t in tasks:  # what SkyPilot makes of it: only the front end's port published, the mounts resolved to secrets/
+        assert set(t["ports_expanded"]) <= {8000}
+        assert all(src.startswith(str(tmp_path / "sky" / "secrets")) for src in t["file_mounts"].values())
     total: dict[tuple[str, str], int] = {}
     (control,) = [t for t in tasks if t["accelerators"] is None]  # one CPU task: the control plane
     assert control["file"].endswith("00-control-plane.yaml") and 1 == control["num_nodes"]
-    assert "--provisioner remote" in control["run"] and 8000 in control["ports_expanded"]
+    assert "--provisioner remote" in control["run"] and [8000] == control["ports_expanded"]
     for t in tasks:
         assert t["cloud"] == "aws"
         if t is control:
             continue
         # every engine task dials the control plane, and knows its node's address and scheduler port
         assert "CORAL_CONTROL_HOST" in t["envs"] and "SKYPILOT_NODE_IPS" in t["run"]
-        assert int(t["envs"]["CORAL_SCHEDULER_PORT"]) in control["ports_expanded"]
+        assert int(t["envs"]["CORAL_SCHEDULER_PORT"]) >= 47000  # reached over the private network, not published
         # the instance type SkyPilot's catalog knows carries exactly the accelerators the task asks for
         assert t["catalog_accelerators"] == t["accelerators"]
         ((gpu, count),) = t["accelerators"].items()

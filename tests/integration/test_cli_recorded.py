@@ -79,15 +79,18 @@ def _help_cases() -> dict[str, list[str]]:
 
 
 def _folder_text(folder: Path, tmp: Path) -> str:
-    """Every file an export wrote, in name order, as `== path ==` and its content."""
+    """Every file an export wrote, in name order, as `== path ==` and its content (a secret: its mode only,
+    the deployment's keys are new each time)."""
     if not folder.is_dir():
         return ""
-    parts = [f"== {p.relative_to(tmp)} ==\n{p.read_text()}" for p in sorted(folder.rglob("*")) if p.is_file()]
+    parts = [f"== {p.relative_to(tmp)} ==\n" + (f"<secret, mode {p.stat().st_mode & 0o777:o}>\n" if "secrets" in p.parts else p.read_text())
+             for p in sorted(folder.rglob("*")) if p.is_file()]  # fmt: skip
     return "".join(parts)
 
 
-# wall times, which differ from run to run: (pattern, replacement)
-_TIMINGS = [(re.compile(r'("solve_s": )[-+0-9.e]+'), r"\1<s>"), (re.compile(r"(│ solve time s +│).*│"), r"\1 <s> │")]
+# wall times, and the security group named after a deployment's key, which differ from run to run
+_TIMINGS = [(re.compile(r'("solve_s": )[-+0-9.e]+'), r"\1<s>"), (re.compile(r"(│ solve time s +│).*│"), r"\1 <s> │"),
+            (re.compile(r"security_group_name: coral-[0-9a-f]+"), "security_group_name: coral-<key>")]
 
 
 def _normalized(text: str, tmp: Path) -> str:

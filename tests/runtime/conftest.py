@@ -23,6 +23,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.runtime)
 
 
+def deployment(cluster: dict[str, Any], **kw: Any) -> Iterator[Any]:
+    """A module fixture's body: the cluster file's deployment on 127.0.0.1 (any free port), stopped after."""
+    from coral.runtime.deploy.cluster_config import parse_cluster
+    from coral.runtime.deploy.deployment import Deployment
+
+    d = Deployment(parse_cluster(cluster), http_port=0, **kw)
+    d.start(timeout_s=120)
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
 def wait_until(pred: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:
     """Poll ``pred`` until true or ``timeout_s`` passes; returns its last value."""
     deadline = time.monotonic() + timeout_s

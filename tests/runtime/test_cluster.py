@@ -24,7 +24,7 @@ from coral.runtime.deploy.cluster_config import load_cluster, parse_cluster, par
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.engine.model import BUILTIN_CONFIGS
 
-from .conftest import http, sse, wait_until
+from .conftest import deployment, http, sse, wait_until
 from .test_pipeline_inproc import reference
 
 CLUSTER = {
@@ -49,12 +49,7 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 3], [7] * 30, [42, 43, 44], [300], lis
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Deployment]:
-    dep = Deployment(parse_cluster(CLUSTER), http_port=0)
-    dep.start(timeout_s=120)
-    try:
-        yield dep
-    finally:
-        dep.stop()
+    yield from deployment(CLUSTER)
 
 
 @pytest.mark.parametrize(("model", "seed", "arch"), [("llama", 11, "tiny-llama"), ("qwen3", 12, "tiny-qwen3")])

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec, parse_cluster
+from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.lifecycle import reconcile
 from coral.runtime.serving.loadgen import one_request, run_bench, workload
 
-from .conftest import http, wait_until
+from .conftest import deployment, http, wait_until
 
 CLUSTER = {
     "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 1.0, "max_retries": 3},
@@ -78,12 +78,7 @@ class Load:
 
 @pytest.fixture(scope="module")
 def dep() -> Iterator[Deployment]:
-    d = Deployment(parse_cluster(CLUSTER), http_port=0)
-    d.start(timeout_s=120)
-    try:
-        yield d
-    finally:
-        d.stop()
+    yield from deployment(CLUSTER)
 
 
 def _spec(name: str, stages: list[tuple[int, int]]) -> InstanceSpec:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.export import CONTROL_PLANE, control_cluster, export_skypilot
 from coral.runtime.deploy.plan_file import load_plan_file
 from coral.runtime.deploy.provisioner import LocalProvisioner
+from coral.runtime.deploy.secrets import write_secrets
 from coral.runtime.engine.model import BUILTIN_CONFIGS, seeded_state_dict
 
 from .conftest import http
@@ -57,12 +59,26 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     assert "--config ~/coral/cluster.yaml --provisioner remote" in serve_line
     home = tmp_path / "home"
     home.mkdir()
+    # SkyPilot's file_mounts: the export's secrets/ where the tasks read them (~/.coral/secrets/...)
+    assert ex.secrets is not None
+    write_secrets(ex.secrets, tmp_path / "export")
+    for remote, local in control_task["file_mounts"].items():
+        src, dst = tmp_path / "export" / local, home / remote.removeprefix("~/")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst)
+        else:
+            shutil.copy(src, dst)
+    key = ex.secrets.api_key
     env = {**os.environ, **{k: str(v) for k, v in control_task["envs"].items()}, "HOME": str(home),
            "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"],
-           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1", "CORAL_API_KEY": "sk-test"}
+           "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "127.0.0.1"}
     subprocess.run(["bash", "-c", prep], env=env, check=True, timeout=60)
-    shipped = yaml.safe_load((home / "coral" / "cluster.yaml").read_text())
-    assert ("127.0.0.1", "sk-test") == (shipped["coordinator"]["host"], shipped["coordinator"]["api_key"])
+    shipped_file = home / "coral" / "cluster.yaml"
+    assert 0o600 == shipped_file.stat().st_mode & 0o777  # it holds the key now
+    shipped = yaml.safe_load(shipped_file.read_text())
+    assert ("127.0.0.1", key) == (shipped["coordinator"]["host"], shipped["coordinator"]["api_key"])
+    assert str(home / ".coral" / "secrets" / "curve") == shipped["coordinator"]["curve_keys_dir"]  # CurveZMQ on
     assert control_cluster(pf)["instances"] == shipped["instances"]  # what it serves is the plan, as exported
 
     weights = _weights(tmp_path / "w")
@@ -89,12 +105,12 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     try:
         bin_dir = str(Path(sys.executable).parent)
         for name, text in sorted(ex.files.items()):
-            if name == f"{CONTROL_PLANE}.yaml":
+            if name == f"{CONTROL_PLANE}.yaml" or name.startswith("."):  # .sky.yaml: SkyPilot's project config
                 continue
             task = yaml.safe_load(text)
             n = task["num_nodes"]
             for rank in range(n):  # what SkyPilot does on each node of the task
-                env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()},
+                env = {**os.environ, **{k: str(v) for k, v in task["envs"].items()}, "HOME": str(home),
                        "PATH": bin_dir + os.pathsep + os.environ["PATH"], "SKYPILOT_NODE_RANK": str(rank),
                        "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * n), "CORAL_CONTROL_HOST": "127.0.0.1",
                        "CORAL_WEIGHTS": str(weights), "CORAL_DEVICE": "cpu", "CORAL_DTYPE": "float32",
@@ -110,7 +126,7 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
         for p in prompts:
             s, b = http("POST", dep.url + "/v1/completions", {"model": "phi-4", "prompt": p, "max_tokens": 4,
                                                              "temperature": 0},
-                        headers={"Authorization": "Bearer sk-test"})
+                        headers={"Authorization": f"Bearer {key}"})
             assert 200 == s, b
             got.append(b["choices"][0]["token_ids"])
         assert reference(CONFIG, 3, prompts, 4) == got

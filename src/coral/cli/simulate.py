@@ -98,7 +98,7 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
 def demo() -> None:
     """A one-minute tour on the `core` scenario: catalog, scenario, one perf figure, one template.
 
-    (`make demo` runs the main job instead: `coral experiment cost core`.)
+    (`make demo` runs the main job instead: `coral experiment cost core --duration-s 720`.)
     """
     ctx = click.get_current_context()
     console.rule("coral catalog configs")

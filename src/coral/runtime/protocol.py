@@ -27,6 +27,8 @@ from coral.policy.lifecycle import Lifecycle
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "INLINE_TENSOR_BYTES",
+    "ITERATION_TOKEN_BUCKETS",
+    "KV_TRANSFER_SECONDS_BUCKETS",
     "BatchItem",
     "Cancel",
     "DecodeAdmit",
@@ -38,6 +40,7 @@ __all__ = [
     "Heartbeat",
     "InstanceHello",
     "InstancePhase",
+    "InstanceStats",
     "KvLoaded",
     "KvPush",
     "KvSend",
@@ -344,6 +347,7 @@ class KvLoaded(_Msg, frozen=True):
     layer_start: int
     layer_end: int
     error: str = ""
+    nbytes: int = 0  # KV bytes received for them
 
 
 class Submit(_Msg, frozen=True):
@@ -399,6 +403,31 @@ class InstanceHello(_Msg, frozen=True):
     address: str
 
 
+#: Upper bounds of the schedulers' histogram buckets (a count per bound, then one above the last):
+#: tokens per micro-batch (vLLM's ``vllm:iteration_tokens_total``) and seconds per KV hand-off.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+KV_TRANSFER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class InstanceStats(_Msg, frozen=True):
+    """In a scheduler's heartbeat: its counters since it started (cumulative), its KV pools, the nodes it lost.
+
+    Histograms are counts per bucket of :data:`ITERATION_TOKEN_BUCKETS` /
+    :data:`KV_TRANSFER_SECONDS_BUCKETS` (one more for values above the last bound), not cumulative.
+    """
+
+    preemptions: int = 0
+    iteration_tokens: tuple[int, ...] = ()
+    iteration_tokens_sum: int = 0
+    kv_transfers: int = 0  # decode hand-offs whose every layer arrived
+    kv_transfer_bytes: int = 0
+    kv_transfer_seconds: tuple[int, ...] = ()
+    kv_transfer_seconds_sum: float = 0.0
+    kv_block_size: int = 0  # tokens per KV block (0: no-op engines, no pool)
+    kv_blocks: int = 0  # blocks of the smallest node pool
+    lost_nodes: tuple[str, ...] = ()  # "stage/index" of every engine node the instance runs without
+
+
 class Heartbeat(_Msg, frozen=True):
     """Liveness, every ``heartbeat_s``: engine <-> scheduler, scheduler <-> coordinator.
 
@@ -416,6 +445,7 @@ class Heartbeat(_Msg, frozen=True):
     reason: str = ""  # why a scheduler reports "failed"
     waiting: int = 0  # of ``in_flight``, requests not yet in a running batch
     kv_cache_usage: float = 0.0  # fraction of the instance's KV-cache capacity in use (0 to 1)
+    stats: InstanceStats | None = None  # a scheduler's counters and lost nodes
 
 
 class Drain(_Msg, frozen=True):

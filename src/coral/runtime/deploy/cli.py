@@ -15,10 +15,10 @@ from coral.runtime.deploy.export import FORMATS
 
 
 @click.command("export")
-@click.option("--plan", "plan_path", required=True, type=click.Path(dir_okay=False),
-              help="Plan file written by `coral plan --out plan.json`.")
+@click.option("--plan", "plan_path", default=None, type=click.Path(dir_okay=False),
+              help="Plan file written by `coral plan --out plan.json` (skypilot, vllm; grafana needs none).")
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="skypilot: a control-plane task and an engine task YAML per (instance, node configuration), launch order in docs/deploy.md; vllm: a `vllm serve` script per instance.")
+              help="skypilot: a control-plane task and an engine task YAML per (instance, node configuration), launch order in docs/deploy.md; vllm: a `vllm serve` script per instance; grafana: a dashboard of the metrics (Grafana's JSON, import it as it is).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder to write: new, empty, or an earlier export (replaced whole); nothing is written on error.")
 @click.option("--scenario", "scenario_name", default=None,
@@ -26,7 +26,7 @@ from coral.runtime.deploy.export import FORMATS
 @click.option("--allow-derived", is_flag=True,
               help="Export derived shapes (not sold in their region) anyway, flagged, instead of refusing.")
 @click.option("--strict", is_flag=True, help="vllm: refuse (exit 2) when any instance is not expressible, instead of listing it.")
-def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, allow_derived: bool, strict: bool) -> None:
+def export_cmd(plan_path: str | None, fmt: str, out: str, scenario_name: str | None, allow_derived: bool, strict: bool) -> None:
     """Export a plan for SkyPilot or vLLM (docs/deploy.md).
 
     Exit codes: 0 written, 2 bad input (plan of another scenario or an older version, a derived
@@ -35,10 +35,14 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.runtime.deploy.export import check_out_folder, export_plan, write_export
     from coral.runtime.deploy.plan_file import load_plan_file
+    from coral.runtime.deploy.secrets import SECRETS_DIR, load_secrets
 
     check_out_folder(out)  # before any work
-    plan = load_plan_file(plan_path, scenario_name)
-    result = export_plan(plan, fmt, allow_derived=allow_derived)
+    if plan_path is None and fmt != "grafana":
+        raise CoralError(f"--format {fmt} exports a plan: pass --plan plan.json (from `coral plan --out`)")
+    plan = load_plan_file(plan_path, scenario_name) if plan_path is not None else None
+    kept = load_secrets(out)  # a re-export keeps the deployment's keys: the running processes hold them
+    result = export_plan(plan, fmt, allow_derived=allow_derived, secrets=kept)
     if strict and result.skipped:
         name, why = result.skipped[0]
         raise CoralError(f"--format {fmt} cannot express instance {name}: {why} "
@@ -47,6 +51,9 @@ def export_cmd(plan_path: str, fmt: str, out: str, scenario_name: str | None, al
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"{len(paths)} file(s) written to {out} ({fmt})")
+    if result.secrets is not None:
+        click.echo(f"  {'kept' if kept else 'new'} API key and CurveZMQ keys in {out}/{SECRETS_DIR}/ (user-only; clients send "
+                   f"Authorization: Bearer $(cat {out}/{SECRETS_DIR}/api_key))")
     for name, why in result.skipped:
         click.echo(f"  not expressible in {fmt}: {name}: {why}")
 

@@ -184,6 +184,7 @@ class ClusterSpec:
     idle_timeout_s: float = 5.0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
+    body_deadline_s: float = 30.0
     metrics_require_key: bool = False
     kv_cache_gib: float = 0.0  # each engine node's KV budget; 0 = from its device's memory
 
@@ -271,6 +272,9 @@ class CoordinatorFile(_Strict):
     idle_timeout_s: float = Field(5.0, gt=0, description="An HTTP connection without a request this long is closed (before its first request and between requests).")
     header_timeout_s: float = Field(10.0, gt=0, description="A request head must arrive whole within this (slow clients are cut off).")
     body_timeout_s: float = Field(30.0, gt=0, description="Each read of a request body must complete within this (else 408).")
+    body_deadline_s: float = Field(30.0, gt=0, description=(
+        "The whole request body must arrive within this of its head (else 408 and the connection closed): a "
+        "client trickling a body byte by byte is cut off; `coral serve --body-deadline` overrides it."))
     metrics_require_key: bool = Field(False, description="Whether GET /metrics needs the api_key (open by default, as vLLM's).")
 
 
@@ -331,7 +335,7 @@ def parse_cluster(data: Any, source: str = "cluster file") -> ClusterSpec:
         heartbeat_timeout_s=c.heartbeat_timeout_s, max_retries=c.max_retries, router=c.router, epoch_s=c.epoch_s,
         planner=c.planner, max_nodes=c.max_nodes, max_body_bytes=c.max_body_bytes, max_message_bytes=int(c.max_message_mib * 1024 * 1024),
         idle_timeout_s=c.idle_timeout_s, header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s,
-        metrics_require_key=c.metrics_require_key,
+        body_deadline_s=c.body_deadline_s, metrics_require_key=c.metrics_require_key,
         kv_cache_gib=f.kv_cache_gib,
     )  # fmt: skip
 

@@ -34,6 +34,8 @@ class Deployment:
         planner: Any = None,
         coordinator_port: int = 0,
         dry_run: bool = False,
+        prices: Any = None,
+        body_deadline_s: float | None = None,
     ) -> None:
         """Args:
         cluster: what to run (its instances are the first plan).
@@ -42,6 +44,9 @@ class Deployment:
         planner: re-planning function for the epoch loop (see :mod:`coral.runtime.deploy.lifecycle`).
         coordinator_port: the coordinator's ZeroMQ port (0 = any free one).
         dry_run: serve the first plan, then only log what later plan changes would do.
+        prices: shape -> $/h of one instance (:func:`coral.runtime.deploy.lifecycle.shape_key`), for the
+            plan-cost metric; None for a cluster file without prices.
+        body_deadline_s: override the cluster file's whole-body deadline of HTTP requests.
         """
         self.cluster = cluster
         self.provisioner = provisioner or LocalProvisioner()
@@ -49,6 +54,8 @@ class Deployment:
         self.planner = planner
         self.coordinator_port = coordinator_port
         self.dry_run = dry_run
+        self.prices = prices
+        self.body_deadline_s = cluster.body_deadline_s if body_deadline_s is None else body_deadline_s
         self.transport: ZmqTransport | None = None
         self.coordinator: Coordinator | None = None
         self.controller: Any = None
@@ -92,6 +99,7 @@ class Deployment:
             self.transport, self._infos(), heartbeat_s=c.heartbeat_s, heartbeat_timeout_s=c.heartbeat_timeout_s,
             max_retries=c.max_retries, router=c.router,
         )  # fmt: skip
+        self.coordinator.cache_dtype = c.dtype
         self.coordinator.start()
         if self.controller is not None:
             self.controller.coordinator = self.coordinator
@@ -119,7 +127,7 @@ class Deployment:
         coord = self.start_coordinator()
         assert self.transport is not None
         self.controller = Controller(coord, self.provisioner, c, self.transport.address, planner=self.planner, epoch_s=c.epoch_s,
-                                     dry_run=self.dry_run)
+                                     dry_run=self.dry_run, prices=self.prices)
         try:
             self.controller.apply_plan(c.instances)
             deadline = time.monotonic() + timeout_s
@@ -135,6 +143,7 @@ class Deployment:
             opts = ServerOptions(
                 api_key=c.api_key, admin_key=c.admin_key, max_body_bytes=c.max_body_bytes, idle_timeout_s=c.idle_timeout_s,
                 header_timeout_s=c.header_timeout_s, body_timeout_s=c.body_timeout_s, metrics_require_key=c.metrics_require_key,
+                body_deadline_s=self.body_deadline_s,
             )  # fmt: skip
             self.api = ApiServer(coord, c.host, self.http_port, admin=self.controller, options=opts,
                                  tokenizers=self._tokenizers())
@@ -143,6 +152,19 @@ class Deployment:
         except BaseException:
             self.stop()
             raise
+
+    def drain(self, timeout_s: float = 30.0) -> int:
+        """Graceful stop, first half: new API requests get 503 with ``Retry-After``; wait up to
+        ``timeout_s`` for the ones in flight (streams included) to finish. Call :meth:`stop` after.
+
+        Returns:
+            Requests still in flight when the wait ended (0: none was cut).
+        """
+        if self.api is None:
+            return 0
+        if self.controller is not None:
+            self.controller.repair = False  # a stopping cluster replaces nothing
+        return self.api.drain(timeout_s)
 
     def stop(self) -> None:
         """Stop the HTTP server, the epoch loop, the instances and the coordinator (idempotent)."""

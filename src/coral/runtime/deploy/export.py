@@ -14,12 +14,20 @@ vLLM: one `vllm serve` command per instance line whose template vLLM can express
 (:mod:`coral.runtime.deploy.vllm`), with the pipeline and tensor sizes, the uneven layer
 partition and the prefill/decode KV connector; the others are listed with the reason.
 
+Locked by default: every export carries the deployment's API key and CurveZMQ keypair
+(:mod:`coral.runtime.deploy.secrets`) under `secrets/` (0600), and the task files refer to them by
+path, never by value: SkyPilot mounts them (`file_mounts`), the control plane's front end requires the
+key and every ZeroMQ socket of the cluster encrypts with the keypair; only the HTTP port is published
+(the schedulers' ports stay on the cluster's private network). A `vllm serve` script reads the key into
+`VLLM_API_KEY`.
+
 Derived shapes (a configuration the region does not sell) cannot be rented as such: they are
 refused unless `allow_derived`, and flagged in every file that uses one.
 No torch here: exports run without the runtime extra.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from collections.abc import Mapping
@@ -33,11 +41,20 @@ from coral.catalog.hardware import split_config_name
 from coral.catalog.models import ModelSpec, builtin_hf_id, builtin_model_names
 from coral.errors import CoralError
 from coral.perf.model import Phase
-from coral.runtime.deploy.mapping import SCHEDULER_BASE_PORT, node_weights, scheduler_port
+from coral.runtime.deploy.grafana import dashboard_json
+from coral.runtime.deploy.mapping import node_weights, scheduler_port
 from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
+from coral.runtime.deploy.secrets import (
+    API_KEY_FILE,
+    CURVE_DIR,
+    SECRETS_DIR,
+    DeploymentSecrets,
+    make_secrets,
+    write_secrets,
+)
 from coral.runtime.deploy.vllm import vllm_reason
 
-FORMATS = ("skypilot", "vllm")
+FORMATS = ("skypilot", "vllm", "grafana")
 
 # Coral GPU names -> SkyPilot accelerator names (SkyPilot calls the 40 GB A100 "A100").
 SKYPILOT_ACCELERATOR = {"A100-40GB": "A100", "V100-16GB": "V100"}
@@ -48,6 +65,10 @@ HTTP_PORT = 8000  # the control plane's OpenAI-compatible front end
 TP_RENDEZVOUS_PORT = 29500  # a multi-GPU engine node's tensor-parallel ranks meet here (on the node itself)
 NIXL_SIDE_CHANNEL_PORT = 5600
 CONTROL_PLANE = "00-control-plane"  # the SkyPilot task of the coordinator, HTTP front end and schedulers
+# Where SkyPilot's file_mounts put the deployment's secrets on every node (from the export's secrets/)
+REMOTE_SECRETS = "~/.coral/secrets"
+REMOTE_API_KEY = f"{REMOTE_SECRETS}/{API_KEY_FILE}"
+REMOTE_CURVE = f"{REMOTE_SECRETS}/{CURVE_DIR}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +79,7 @@ class Export:
     files: Mapping[str, str]
     skipped: tuple[tuple[str, str], ...] = ()  # (instance name, reason)
     warnings: tuple[str, ...] = ()
+    secrets: DeploymentSecrets | None = None  # written under secrets/ (0600); the files refer to them by path
 
 
 def _cloud_region(region: str) -> tuple[str, str]:
@@ -123,7 +145,7 @@ spec = {
     'node_index': int(e['NODE']), 'host': e['CORAL_NODE_HOST'], 'threads': int(e['CORAL_TORCH_THREADS']),
     'parent_pid': os.getpid(),
     'scheduler': f"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}",
-    'device_index': 0,
+    'device_index': 0, 'curve_keys_dir': os.path.expanduser(e['CORAL_KEYS_DIR']),
     'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),
               'layer_start': int(e['LAYER_START']), 'layer_end': int(e['LAYER_END']),
               'weights_path': e['CORAL_WEIGHTS'], 'device': e['CORAL_DEVICE'], 'dtype': e['CORAL_DTYPE']},
@@ -151,15 +173,25 @@ sys.exit(max(p.wait() for p in procs))
 """
 
 
-# The control plane's cluster file, completed on its node: its address, and the API key if one is set.
+# The control plane's cluster file, completed on its node: its address, the API key (read from the file
+# SkyPilot mounted) and the CurveZMQ keypair's folder; written 0600, since it now holds the key.
 _CONTROL_PY = """\
-import os, yaml
-path = os.path.expanduser('~/coral/cluster.yaml')
+import os, sys, yaml
+e, home = os.environ, os.path.expanduser
+path = home('~/coral/cluster.yaml')
 cluster = yaml.safe_load(open(path))
-cluster['coordinator']['host'] = os.environ['CORAL_NODE_HOST']
-if os.environ.get('CORAL_API_KEY'):
-    cluster['coordinator']['api_key'] = os.environ['CORAL_API_KEY']
-with open(path + '.tmp', 'w') as f:
+c = cluster['coordinator']
+c['host'] = e['CORAL_NODE_HOST']
+try:
+    c['api_key'] = open(home(e['CORAL_API_KEY_FILE'])).read().strip()
+except OSError as err:
+    sys.exit(f"no API key at {e['CORAL_API_KEY_FILE']} ({err}): launch this task from the export folder, "
+             "so that its file_mounts find secrets/")
+if not c['api_key']:
+    sys.exit(f"the API key file {e['CORAL_API_KEY_FILE']} is empty")
+c['curve_keys_dir'] = home(e['CORAL_KEYS_DIR'])
+fd = os.open(path + '.tmp', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+with os.fdopen(fd, 'w') as f:
     yaml.safe_dump(cluster, f, sort_keys=False)
 os.replace(path + '.tmp', path)
 """
@@ -209,8 +241,11 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
             "CORAL_DTYPE": "bfloat16",
             "CORAL_TORCH_THREADS": "8",
             "CORAL_INSTALL": "coral[runtime]",
+            "CORAL_KEYS_DIR": REMOTE_CURVE,  # the cluster's CurveZMQ keypair (file_mounts below)
             "HF_MODEL": _hf_id(served.spec.name),
         },
+        # an engine needs the keypair only (every ZeroMQ socket of the cluster encrypts with it), not the API key
+        "file_mounts": {REMOTE_CURVE: f"{SECRETS_DIR}/{CURVE_DIR}"},
         "setup": (
             "set -euo pipefail\n"
             'pip install "$CORAL_INSTALL"\n'
@@ -238,7 +273,8 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
                 "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes)}
                            for st, w in zip(inst.stages, weights, strict=True)]})
     return {
-        "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},  # its run script sets the node's own address
+        # its run script sets the node's own address, the API key and the CurveZMQ keypair's folder
+        "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},
         "device": "cpu",  # the control plane runs no layer
         "models": [{"name": m, "weights": {"path": f"/models/{specs[m].name}"}, "tokenizer": f"/models/{specs[m].name}"}
                    for m in models],
@@ -257,7 +293,6 @@ def _control_region(plan: PlanFile) -> str:
 def _control_task(plan: PlanFile) -> dict[str, object]:
     cloud, region = _cloud_region(_control_region(plan))
     cluster_yaml = yaml.safe_dump(control_cluster(plan), sort_keys=False, width=200)
-    last_port = max(scheduler_port(i.index, i.count - 1) for i in plan.instances)
     downloads = "".join(
         f'huggingface-cli download {shlex.quote(_hf_id(m.spec.name))} --include "*.json" '
         f"--local-dir /models/{m.spec.name}\n"
@@ -265,10 +300,11 @@ def _control_task(plan: PlanFile) -> dict[str, object]:
     return {
         "name": "coral-control",
         "num_nodes": 1,
-        "resources": {"cloud": cloud, "region": region, "cpus": "8+", "memory": "32+",
-                      "ports": [HTTP_PORT, f"{SCHEDULER_BASE_PORT}-{last_port}"]},
-        "envs": {"CORAL_INSTALL": "coral[runtime]", "CORAL_API_KEY": "", "CORAL_STARTUP_TIMEOUT_S": "3600",
-                 "CORAL_HOST_CMD": ""},
+        # only the HTTP front end is published: the engines reach the schedulers' ports over the private network
+        "resources": {"cloud": cloud, "region": region, "cpus": "8+", "memory": "32+", "ports": [HTTP_PORT]},
+        "envs": {"CORAL_INSTALL": "coral[runtime]", "CORAL_STARTUP_TIMEOUT_S": "3600", "CORAL_HOST_CMD": "",
+                 "CORAL_API_KEY_FILE": REMOTE_API_KEY, "CORAL_KEYS_DIR": REMOTE_CURVE},
+        "file_mounts": {REMOTE_API_KEY: f"{SECRETS_DIR}/{API_KEY_FILE}", REMOTE_CURVE: f"{SECRETS_DIR}/{CURVE_DIR}"},
         "setup": (
             "set -euo pipefail\n"
             'pip install "$CORAL_INSTALL"\n'
@@ -285,6 +321,7 @@ def _control_task(plan: PlanFile) -> dict[str, object]:
             'if [ -n "${CORAL_HOST_CMD:-}" ]; then CORAL_NODE_HOST=$(eval "$CORAL_HOST_CMD"); '
             'else CORAL_NODE_HOST=$(echo "$SKYPILOT_NODE_IPS" | head -n 1); fi\n'
             "export CORAL_NODE_HOST\n"
+            'echo "coral control plane: engines dial ${CORAL_NODE_HOST} (pass --env CORAL_CONTROL_HOST=${CORAL_NODE_HOST})"\n'
             "python - <<'PY'\n" + _CONTROL_PY + "PY\n"
             "# the coordinator, the HTTP front end and every instance's scheduler; the engine tasks dial in\n"
             'exec coral serve --config ~/coral/cluster.yaml --provisioner remote '
@@ -315,8 +352,13 @@ def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
     return "\n".join(lines + extra) + "\n"
 
 
-def export_skypilot(plan: PlanFile, *, allow_derived: bool = False) -> Export:
+def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
     """The control-plane task and one engine task YAML per (instance line, node configuration).
+
+    Args:
+        plan: the plan file.
+        allow_derived: export derived shapes (flagged) instead of refusing them.
+        secrets: the deployment's API key and CurveZMQ keypair (None: new ones).
 
     Raises:
         CoralError: a derived shape without `allow_derived`, a region SkyPilot cannot name, or an
@@ -338,7 +380,23 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False) -> Export:
                                           f"or experts do not split {gpus} ways): {gpus - tp} GPU(s) per node idle"]
             files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
                                                    + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
-    return Export(format="skypilot", files=files, warnings=tuple(warnings))
+    secrets = secrets or make_secrets()
+    files[SKY_PROJECT_CONFIG] = _sky_project_config(secrets)
+    return Export(format="skypilot", files=files, warnings=tuple(warnings), secrets=secrets)
+
+
+SKY_PROJECT_CONFIG = ".sky.yaml"  # SkyPilot reads it from the folder `sky launch` runs in
+
+
+def _sky_project_config(secrets: DeploymentSecrets) -> str:
+    """SkyPilot's project config for the export folder: every cluster of the deployment in one AWS security
+    group, which SkyPilot creates admitting its own members (and SSH): the engines reach the schedulers'
+    ports over the private network without publishing them. SkyPilot opens no port in a group it was
+    given, so the front end's port is opened once by hand, to the clients only (docs/deploy.md)."""
+    group = "coral-" + hashlib.sha256(secrets.curve_public.encode()).hexdigest()[:10]
+    return ("# SkyPilot project config (read from the folder `sky launch` runs in): every cluster of this deployment\n"
+            f"# in one security group; open the HTTP port {HTTP_PORT} of it to your clients once (docs/deploy.md).\n"
+            + yaml.safe_dump({"aws": {"security_group_name": group}}, sort_keys=False))
 
 
 def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> str:
@@ -359,7 +417,7 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
     role = ("prefill: the P/D proxy sends prompts here, decode instances pull the KV" if inst.phase is Phase.PREFILL
             else "decode: pulls the KV of prompts prefilled elsewhere")
     kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    args = [
+    args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
         "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port),
         "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
         "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
@@ -382,8 +440,20 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
     return "\n".join(lines) + "\n"
 
 
-def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int = 8000) -> Export:
+# A `vllm serve` script's first lines: the deployment's API key, from the file beside it, into vLLM's variable.
+_VLLM_KEY = (
+    'VLLM_API_KEY="$(cat "$(dirname "$0")/secrets/api_key")" || { echo "no secrets/api_key beside $0: copy the whole '
+    'export folder" >&2; exit 1; }\nexport VLLM_API_KEY  # clients send Authorization: Bearer <that key>\n'
+)
+
+
+def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int = 8000,
+                secrets: DeploymentSecrets | None = None) -> Export:  # fmt: skip
     """A `vllm serve` script per instance line vLLM can run; the others listed in `skipped`.
+
+    Every script reads the deployment's API key (`secrets/api_key` beside it) into `VLLM_API_KEY`. (The
+    CurveZMQ keypair is made too, for a Coral control plane beside it; vLLM's own processes do not speak
+    Coral's ZeroMQ.)
 
     Raises:
         CoralError: a derived shape without `allow_derived`, or no instance vLLM can run.
@@ -397,26 +467,35 @@ def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int =
             skipped.append((inst.name, reason))
             continue
         port = base_port + inst.index
-        files[f"{inst.name}.sh"] = ("#!/usr/bin/env bash\nset -euo pipefail\n" + _header(plan, inst, [])
+        files[f"{inst.name}.sh"] = ("#!/usr/bin/env bash\nset -euo pipefail\n" + _header(plan, inst, []) + _VLLM_KEY
                                     + vllm_command(plan, inst, port=port))
     if not files:
         raise CoralError(f"{plan.path}: vLLM can run none of the plan's {len(plan.instances)} instance lines "
                          f"(first: {skipped[0][0]}: {skipped[0][1]}); re-plan with `coral plan --engine vllm`")
     if skipped:
         files["SKIPPED.txt"] = "".join(f"{name}: {why}\n" for name, why in skipped)
-    return Export(format="vllm", files=files, skipped=tuple(skipped), warnings=tuple(warnings))
+    return Export(format="vllm", files=files, skipped=tuple(skipped), warnings=tuple(warnings), secrets=secrets or make_secrets())
 
 
-def export_plan(plan: PlanFile, fmt: str, *, allow_derived: bool = False) -> Export:
+def export_grafana() -> Export:
+    """The Grafana dashboard of a deployment's metrics (:mod:`coral.runtime.deploy.grafana`; no plan needed)."""
+    return Export(format="grafana", files={"coral-dashboard.json": dashboard_json()})
+
+
+def export_plan(plan: PlanFile | None, fmt: str, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
     """Dispatch on `fmt` (one of :data:`FORMATS`).
 
     Raises:
-        CoralError: an unknown format, or the format's own refusals.
+        CoralError: an unknown format, a plan missing for skypilot or vllm, or the format's own refusals.
     """
+    if fmt == "grafana":
+        return export_grafana()
+    if plan is None:
+        raise CoralError(f"--format {fmt} exports a plan: pass --plan plan.json (from `coral plan --out`)")
     if fmt == "skypilot":
-        return export_skypilot(plan, allow_derived=allow_derived)
+        return export_skypilot(plan, allow_derived=allow_derived, secrets=secrets)
     if fmt == "vllm":
-        return export_vllm(plan, allow_derived=allow_derived)
+        return export_vllm(plan, allow_derived=allow_derived, secrets=secrets)
     raise CoralError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
 
 
@@ -452,7 +531,9 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
             (tmp / name).write_text(text)
             if name.endswith(".sh"):
                 (tmp / name).chmod(0o755)
+        if export.secrets is not None:
+            write_secrets(export.secrets, tmp)
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["CONTROL_PLANE", "FORMATS", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

@@ -15,12 +15,21 @@ surplus running instances are drained lowest load first, and missing ones are st
 under fresh names. The controller carries the actions out: a started instance loads its
 layers, registers and only then takes traffic; a drained one takes no new request,
 finishes the ones it holds, then exits.
+
+Self-repair (a watch thread, every ``repair_poll_s``, whatever the epoch): an instance that
+failed (its scheduler reported it, went silent, or never came up) is replaced at once by a new
+instance of the same shape, and nothing that still works is drained; while the replacement
+starts, the coordinator holds the model's new requests for it instead of refusing them. An
+instance that lost a node of a data-parallel stage keeps serving on the others (``degraded``);
+a replacement of the same shape is started beside it, and once that one takes traffic the
+degraded one is drained (it finishes what it holds).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +39,7 @@ from typing import Any
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
 from coral.runtime.deploy.provisioner import Provisioner
 from coral.runtime.serving.coordinator import Coordinator
+from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.window import EpochObservation
 
 __all__ = ["Action", "Controller", "Demand", "Planner", "describe", "reconcile", "shape_key"]
@@ -108,6 +118,31 @@ def reconcile(desired: Sequence[InstanceSpec], running: Mapping[str, InstanceSpe
     return actions
 
 
+def _fresh_name(spec: InstanceSpec, taken: set[str]) -> str:
+    """A replacement's name: the spec's, with the first free ``-N`` suffix (a replacement of ``c-2`` is ``c-3``)."""
+    base = re.sub(r"-\d+$", "", spec.name) or spec.name
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Repair:
+    """A replacement under way: the instance it replaces, why, and when it was started."""
+
+    name: str  # the replacement
+    replaces: str
+    reason: str  # "failed" (the instance was lost) | "degraded" (it lost a node; drained once this one is up)
+    spec: InstanceSpec
+    t_start: float
+
+    def __post_init__(self) -> None:
+        if self.reason not in ("failed", "degraded"):
+            raise ValueError(f"repair reason must be failed or degraded, got {self.reason!r}")
+
+
 def _renamed(spec: InstanceSpec, name: str) -> InstanceSpec:
     # a fixed scheduler port belongs to the name it was given for (the old one may still drain on it)
     return dataclasses.replace(spec, name=name, scheduler_port=spec.scheduler_port if name == spec.name else None)
@@ -127,6 +162,9 @@ class Controller:
         epoch_s: float = 0.0,
         start_timeout_s: float = 300.0,
         dry_run: bool = False,
+        repair: bool = True,
+        repair_poll_s: float = 0.2,
+        prices: Mapping[tuple[Any, ...], float] | None = None,
     ) -> None:
         """Args:
         coordinator: the registry and router.
@@ -138,6 +176,11 @@ class Controller:
         start_timeout_s: an instance not registered by then counts as failed (and is replaced).
         dry_run: after the first plan is running, log (and record in ``history``, marked
             ``dry_run``) the actions each later plan change would take, without taking them.
+        repair: replace failed instances and instances without a node at once (a watch thread,
+            started by :meth:`start`); a dry run repairs too (it keeps the plan running).
+        repair_poll_s: how often the watch thread looks.
+        prices: shape (:func:`shape_key`) -> $/h of one instance, for the plan-cost metric (None:
+            unpriced, a hand-written cluster file).
         """
         self.coordinator = coordinator
         self.provisioner = provisioner
@@ -155,9 +198,19 @@ class Controller:
         self.taken: set[str] = set()
         self.history: list[dict[str, Any]] = []  # one entry per plan change: time, actions
         self.last_demand: Demand = {}
+        self.repair = repair and getattr(provisioner, "can_start_engines", True)
+        self.repair_poll_s = repair_poll_s
+        self.prices = dict(prices) if prices is not None else None
+        self.repairs: dict[str, Repair] = {}  # replacement name -> what it replaces
+        self.repaired: list[dict[str, Any]] = []  # every repair: replaced, by, reason, started, up (monotonic s)
+        self.repair_counts: dict[tuple[str, str], int] = {}  # (model, reason) -> repairs started
+        self.replans = 0  # plan changes carried out
+        self._lost: list[tuple[str, InstanceSpec]] = []  # instances the sweep found gone, to replace
+        self._failures: dict[tuple[Any, ...], tuple[int, float]] = {}  # shape -> (replacements that failed, retry after)
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._watch: threading.Thread | None = None
 
     # ------------------------------------------------------------ plans
 
@@ -214,6 +267,7 @@ class Controller:
                             ", ".join(f"{a.kind} {a.name} ({describe(a.spec)})" for a in actions if a.kind != "keep"))
             return actions
         self._applied = True
+        self._lost.clear()  # the plan carried out now replaces what it still wants of the lost instances
         for a in actions:
             if a.kind == "drain":
                 del self.running[a.name]
@@ -228,6 +282,7 @@ class Controller:
                 self.starting[a.name] = t
                 self.provisioner.start_instance(a.spec, self.cluster.model(a.spec.model), self.cluster, self.coordinator_address)
         if any(a.kind != "keep" for a in actions):
+            self.replans += 1
             self.history.append({"t": t, "actions": [(a.kind, a.name) for a in actions if a.kind != "keep"]})
             log.info("controller: %s", ", ".join(f"{a.kind} {a.name}" for a in actions if a.kind != "keep"))
         return actions
@@ -244,11 +299,19 @@ class Controller:
             ):
                 log.warning("controller: instance %s did not come up; replacing it", name)
                 del self.starting[name]
-                self.running.pop(name, None)
+                spec = self.running.pop(name, None)
+                rep = self.repairs.pop(name, None)
+                if rep is not None:  # a replacement that failed: back off before the next one
+                    n, _ = self._failures.get(shape_key(rep.spec), (0, 0.0))
+                    self._failures[shape_key(rep.spec)] = (n + 1, now + min(60.0, 2.0 ** n))
+                    if rep.reason == "failed":
+                        self._lost.append((rep.replaces, rep.spec))
+                elif spec is not None:
+                    self._lost.append((name, spec))
                 self.provisioner.stop_instance(name)
         for name in list(self.running):
-            if name in retired:  # lost: the next reconcile starts a replacement
-                del self.running[name]
+            if name in retired:  # lost: replaced by the watch thread at once (or the next reconcile)
+                self._lost.append((name, self.running.pop(name)))
                 self.provisioner.stop_instance(name, timeout_s=2.0)
         for name in list(self.draining):
             if name in retired and not self.provisioner.instance_alive(name):
@@ -258,10 +321,119 @@ class Controller:
                 del self.draining[name]
                 self.provisioner.stop_instance(name)
 
+    # ------------------------------------------------------------ self-repair
+
+    def repair_now(self) -> list[Repair]:
+        """Replace what failed and what runs without a node, now (the watch thread calls it).
+
+        Returns:
+            The replacements started.
+        """
+        with self._lock:
+            self._sweep()
+            now = time.monotonic()
+            started: list[Repair] = []
+            lost, self._lost = self._lost, []
+            for name, spec in lost:  # failed: a replacement of the same shape, at once
+                if any(r.replaces == name for r in self.repairs.values()):
+                    continue
+                if self._failures.get(shape_key(spec), (0, 0.0))[1] > now:
+                    self._lost.append((name, spec))  # its last replacement failed: wait a little
+                    continue
+                started.append(self._start_repair(name, spec, "failed", now))
+            replaced = {r.replaces for r in self.repairs.values()}
+            for rec in self.coordinator.snapshot():  # degraded: a replacement beside it, then a drain
+                name = rec["id"]
+                if rec["state"] == "degraded" and name in self.running and name not in replaced:
+                    spec = self.running[name]
+                    if self._failures.get(shape_key(spec), (0, 0.0))[1] <= now:
+                        started.append(self._start_repair(name, spec, "degraded", now))
+            for name, rep in list(self.repairs.items()):  # replacements that came up
+                if name not in self.coordinator.instances:
+                    continue
+                del self.repairs[name]
+                self._failures.pop(shape_key(rep.spec), None)
+                self.repaired.append({"replaced": rep.replaces, "by": name, "reason": rep.reason, "started": rep.t_start, "up": now})
+                log.warning("controller: %s replaced %s (%s) in %.1f s", name, rep.replaces, rep.reason, now - rep.t_start)
+                if rep.reason == "degraded":
+                    # the new one takes the degraded one's place; if a plan change removed that one meanwhile,
+                    # the new one is surplus instead
+                    old = rep.replaces if self.running.pop(rep.replaces, None) is not None else name
+                    if old == rep.replaces:
+                        self.running[name] = rep.spec
+                    self.draining[old] = now
+                    if not self.coordinator.drain(old, "replaced (it had lost a node)"):
+                        self.provisioner.stop_instance(old)
+                        self.draining.pop(old, None)
+            self._expect_replacements(now)
+            return started
+
+    def _start_repair(self, name: str, spec: InstanceSpec, reason: str, now: float) -> Repair:
+        new = _renamed(spec, _fresh_name(spec, self.taken))
+        rep = Repair(name=new.name, replaces=name, reason=reason, spec=new, t_start=now)
+        self.repairs[new.name] = rep
+        self.taken.add(new.name)
+        self.starting[new.name] = now
+        if reason == "failed":
+            self.running[new.name] = new  # it takes the lost one's place in the plan at once
+        key = (spec.model, reason)
+        self.repair_counts[key] = self.repair_counts.get(key, 0) + 1
+        log.warning("controller: %s %s; starting %s (%s) in its place", name, "failed" if reason == "failed" else
+                    "lost a node", new.name, describe(new))  # fmt: skip
+        self.provisioner.start_instance(new, self.cluster.model(new.model), self.cluster, self.coordinator_address)
+        return rep
+
+    def _expect_replacements(self, now: float) -> None:
+        """Tell the coordinator which models wait for a replacement (their requests are held, not refused)."""
+        expected: dict[str, float] = {}
+        for r in self.repairs.values():
+            if r.reason == "failed":
+                expected[r.spec.model] = max(expected.get(r.spec.model, 0.0), r.t_start + min(self.start_timeout_s, 120.0))
+        self.coordinator.expected = expected
+
+    def repairing_models(self) -> frozenset[str]:
+        """Models with a failed instance being replaced."""
+        with self._lock:
+            return frozenset(r.spec.model for r in self.repairs.values() if r.reason == "failed") | frozenset(
+                spec.model for _n, spec in self._lost)
+
+    def health(self) -> dict[str, str]:
+        """model -> ok | degraded | unavailable | starting (``/health``)."""
+        return self.coordinator.health(self.repairing_models())
+
+    def fleet_stats(self) -> FleetStats:
+        """What /metrics reports: the coordinator's registry plus starts, repairs, re-plans and the plan's cost."""
+        repairing = self.repairing_models()
+        base: FleetStats = self.coordinator.fleet_stats(repairing)
+        with self._lock:
+            states = dict(base.instances)
+            for name in self.starting:
+                spec = self.running.get(name) or (self.repairs[name].spec if name in self.repairs else None)
+                if spec is not None:
+                    key = (spec.model, "repairing" if name in self.repairs else "starting")
+                    states[key] = states.get(key, 0) + 1
+            cost = None
+            if self.prices is not None:
+                cost = sum(self.prices.get(shape_key(spec), 0.0) for spec in self.running.values())
+            return dataclasses.replace(base, instances=states, plan_cost_usd_per_h=cost, replans=self.replans,
+                                       repairs=dict(self.repair_counts))
+
+    def _watch_loop(self) -> None:
+        while not self._stop.wait(self.repair_poll_s):
+            if not self.repair:  # turned off (a deployment draining to stop replaces nothing)
+                continue
+            try:
+                self.repair_now()
+            except Exception:
+                log.exception("controller: repair failed")
+
     # ------------------------------------------------------------ epoch thread
 
     def start(self) -> None:
-        """Run :meth:`epoch` every ``epoch_s`` in a daemon thread (when ``epoch_s`` > 0)."""
+        """Run :meth:`epoch` every ``epoch_s`` in a daemon thread (when ``epoch_s`` > 0), and the repair watch."""
+        if self.repair:
+            self._watch = threading.Thread(target=self._watch_loop, name="repair", daemon=True)
+            self._watch.start()
         if self.epoch_s <= 0:
             return
         self._thread = threading.Thread(target=self._loop, name="epochs", daemon=True)
@@ -275,10 +447,11 @@ class Controller:
                 log.exception("controller: epoch failed")
 
     def stop(self) -> None:
-        """Stop the epoch thread."""
+        """Stop the epoch thread and the repair watch."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for t in (self._thread, self._watch):
+            if t is not None:
+                t.join(timeout=5)
 
     def status(self) -> dict[str, Any]:
         """What the admin endpoint shows: target plan, instances by state, last demand."""
@@ -289,6 +462,9 @@ class Controller:
                 "running": sorted(self.running),
                 "starting": sorted(self.starting),
                 "draining": sorted(self.draining),
+                "repairing": [{"instance": r.name, "replaces": r.replaces, "reason": r.reason} for r in self.repairs.values()],
+                "repaired": self.repaired[-20:],
                 "instances": self.coordinator.snapshot(),
+                "health": self.coordinator.health(self.repairing_models()),
                 "demand_tok_per_s": self.last_demand,
             }

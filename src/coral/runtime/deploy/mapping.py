@@ -127,5 +127,15 @@ def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None)
     return cluster_from_plan(cluster, load_plan_file(path, scenario))
 
 
-__all__ = ["SCHEDULER_BASE_PORT", "cluster_from_plan", "cluster_from_plan_file", "node_weights", "plan_instance_specs",
+__all__ = ["SCHEDULER_BASE_PORT", "cluster_from_plan", "cluster_from_plan_file", "node_weights", "plan_prices", "plan_instance_specs",
            "plan_node_configs", "scheduler_port", "with_scheduler_ports"]
+
+
+def plan_prices(plan: PlanFile, instances: Any) -> dict[tuple[Any, ...], float]:
+    """Shape (:func:`coral.runtime.deploy.lifecycle.shape_key`) -> $/h of one instance, for the served plan's
+    instances (named `<line>-r<k>` by :func:`plan_instance_specs`): the plan-cost metric adds them up."""
+    # lazy: the lifecycle needs the runtime extra (msgspec, zmq): `coral export` runs without it
+    from coral.runtime.deploy.lifecycle import shape_key
+
+    price = {line.name: line.price_usd_per_h for line in plan.instances}
+    return {shape_key(spec): price[spec.name.rsplit("-r", 1)[0]] for spec in instances if spec.name.rsplit("-r", 1)[0] in price}

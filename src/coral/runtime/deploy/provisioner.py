@@ -35,6 +35,10 @@ log = logging.getLogger(__name__)
 class Provisioner(ABC):
     """Starts and stops the processes of serving instances."""
 
+    #: Whether it starts an instance's engine nodes itself (self-repair needs that); the remote mode
+    #: of :class:`LocalProvisioner` starts only schedulers, the engines dial in from elsewhere.
+    can_start_engines: bool = True
+
     @abstractmethod
     def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:
         """Start an instance's scheduler and engine nodes; they register with ``coordinator``.
@@ -109,7 +113,7 @@ class LocalProvisioner(Provisioner):
             engine nodes are started elsewhere and dial in (`coral serve --provisioner remote`).
         """
         self.noop = noop_engines
-        self.start_engines = start_engines
+        self.start_engines = self.can_start_engines = start_engines
         self.log_level = log_level
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.engines: dict[str, int] = {}  # name -> pid (children of the zygote)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import logging
 import os
 import signal
@@ -40,12 +41,26 @@ __all__ = ["keys", "serve"]
 @click.option("--ray-address", default=None, help="With --provisioner ray: the Ray cluster to join (default: a local one).")
 @click.option("--dry-run", is_flag=True, help=(
     "Serve the first plan, then only log the actions later plan changes (epochs, /admin/plan) would take."))
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=30.0, show_default=True, help=(
+    "On SIGTERM / SIGINT: refuse new requests (503 with Retry-After) and let the ones in flight, streams "
+    "included, finish for at most this many seconds before stopping (a second signal stops at once)."))
+@click.option("--body-deadline", "body_deadline_s", type=click.FloatRange(min=0, min_open=True), default=None, help=(
+    "Seconds a request body has to arrive whole (else 408); default the cluster file's coordinator.body_deadline_s (30)."))
+@click.option("--insecure", is_flag=True, help=(
+    "Serve on a non-loopback address without coordinator.api_key (anyone who reaches the port can use the API)."))
 def serve(config_path: str, port: int | None, startup_timeout: float, log_level: str, ready_file: str | None,
           plan_path: str | None = None, scenario_name: str | None = None, provisioner_name: str = "local",
-          ray_address: str | None = None, dry_run: bool = False) -> None:
-    """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C."""
+          ray_address: str | None = None, dry_run: bool = False, drain_timeout: float = 30.0,
+          body_deadline_s: float | None = None, insecure: bool = False) -> None:
+    """Serve the models of a cluster file through an OpenAI-compatible HTTP API until Ctrl-C (or SIGTERM).
+
+    Stopping is graceful: new requests get 503 with Retry-After while the ones in flight finish
+    (at most --drain-timeout seconds), then every process stops.
+    """
     # lazy: `coral --help` lists serve without loading the runtime
     from coral.runtime.deploy.cluster_config import load_cluster
+
+    # lazy: `coral --help` lists serve without loading the runtime
     from coral.runtime.deploy.deployment import Deployment
     from coral.runtime.deploy.provisioner import LocalProvisioner
 
@@ -54,10 +69,13 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
         if ready_file:  # refused before any process starts, not after
             check_output_path(ready_file, "--ready-file", folder=False)
         cluster = load_cluster(config_path)
+        check_exposure(cluster.host, cluster.api_key, insecure)
         plan_file = None
         if plan_path:
             # lazy: `coral --help` lists serve without loading the runtime
             from coral.runtime.deploy.mapping import cluster_from_plan
+
+            # lazy: `coral --help` lists serve without loading the runtime
             from coral.runtime.deploy.plan_file import load_plan_file
 
             plan_file = load_plan_file(plan_path, scenario_name)
@@ -95,13 +113,28 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
             from coral.runtime.deploy.planner import AllocatorPlanner
 
             planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-        dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run)
+        prices = None
+        if plan_file is not None:
+            # lazy: `coral --help` lists serve without loading the runtime
+            from coral.runtime.deploy.mapping import plan_prices
+
+            prices = plan_prices(plan_file, cluster.instances)
+        dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run, prices=prices,
+                         body_deadline_s=body_deadline_s)
         dep.start(timeout_s=startup_timeout)
     except CoralError as e:
         raise UserError(str(e)) from None
     stop = threading.Event()
+    signals = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals.append(signum)
+        stop.set()
+        if len(signals) > 1:  # a second signal: stop at once
+            raise KeyboardInterrupt
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     models = ", ".join(m.name for m in cluster.models)
     click.echo(f"coral serve: {len(cluster.instances)} instances of {models} at {dep.url} (Ctrl-C to stop)")
     if ready_file:
@@ -118,9 +151,33 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
             if dead - reported:
                 click.echo(f"coral serve: processes exited: {', '.join(sorted(dead - reported))}", err=True)
                 reported |= dead
+        if signals:
+            click.echo(f"coral serve: {signal.Signals(signals[0]).name}: draining (new requests get 503; at most "
+                       f"{drain_timeout:g} s for the {dep.api.in_flight if dep.api else 0} in flight)", err=True)
+            left = dep.drain(drain_timeout)
+            if left:
+                click.echo(f"coral serve: {left} request(s) still in flight after {drain_timeout:g} s; stopping them", err=True)
+    except KeyboardInterrupt:
+        click.echo("coral serve: second signal; stopping now", err=True)
     finally:
         dep.stop()
     click.echo("coral serve: stopped")
+
+
+def check_exposure(host: str, api_key: str | None, insecure: bool) -> None:
+    """Refuse to serve the API on a non-loopback address without an API key, unless `insecure`.
+
+    Raises:
+        CoralError: naming the address and the two ways out.
+    """
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: only localhost is known to stay on this machine
+        loopback = False
+    if not loopback and not api_key and not insecure:
+        raise CoralError(f"coordinator.host {host} is reachable from other machines and coordinator.api_key is not set: "
+                         "anyone who reaches the port could use the API; set coordinator.api_key (clients send "
+                         "Authorization: Bearer <key>), bind 127.0.0.1, or pass --insecure")
 
 
 def default_keys_dir() -> Path:

@@ -471,4 +471,5 @@ class EngineNode:
         except Exception as e:
             log.exception("engine: bad KV push for %s", msg.request_id)
             error = str(e) or type(e).__name__
-        self.t.send(msg.notify, KvLoaded(request_id=msg.request_id, layer_start=msg.layer_start, layer_end=hi, error=error))
+        nbytes = sum(memoryview(b.data).nbytes for b in (*msg.keys, *msg.values))
+        self.t.send(msg.notify, KvLoaded(request_id=msg.request_id, layer_start=msg.layer_start, layer_end=hi, error=error, nbytes=nbytes))

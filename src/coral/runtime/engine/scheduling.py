@@ -1,37 +1,29 @@
 """The instance scheduler's decisions, as a pure state machine: events and the time in, messages out.
 
-:class:`InstanceScheduler` never reads a clock and never touches a socket: every call takes
-``now`` (seconds on the caller's monotonic clock) and returns the messages to send, as
-``(address, message)`` pairs. The process shell (:class:`coral.runtime.engine.scheduler.Scheduler`)
-owns the transport and the clock and only carries those out, as vLLM v1's ``EngineCoreProc``
-does around its ``Scheduler.schedule()`` / ``update_from_output()``. So every decision is
-testable without a socket or a sleep (``tests/runtime/test_scheduling.py``):
+:class:`InstanceScheduler` reads no clock and touches no socket: every call takes ``now`` and
+returns the ``(address, message)`` pairs to send; the shell (:class:`coral.runtime.engine.scheduler.Scheduler`)
+owns the transport and the clock, as vLLM v1's ``EngineCoreProc`` does around ``Scheduler.schedule()``
+/ ``update_from_output()``. So every decision is tested without a socket or a sleep
+(``tests/runtime/test_scheduling.py``):
 
-- **which requests to batch** (:meth:`InstanceScheduler.step`): running requests are split
-  into ``micro_batches`` groups (default: one per stage) so the stages work on different groups
-  at once; every time a group's micro-batch comes back from the last stage the group is
-  re-formed (finished requests leave, waiting ones join, first come first served, at most
-  ``max_batch_requests`` requests and ``max_batch_tokens`` tokens) and its next
-  :class:`ForwardBatch` goes out to the first stage;
-- **which KV blocks**: every engine node announces its pool in its hello and the scheduler
-  keeps an exact mirror of it (:class:`KvMirror`, accounting only); a request joins a batch
-  only when its route has the blocks for its next step, and before a batch goes out every
-  member's growth is reserved. A request whose prompt plus ``max_tokens`` could never fit a
-  node is refused at submission, so an engine never runs out of memory: the queue grows;
-- **what to preempt**: when a node is full, the youngest request holding blocks there (not in
-  a micro-batch in flight) is preempted by recompute: its KV is released (:class:`Release`)
-  and it goes back to the front of the queue with its prompt plus the tokens it has generated;
-- **what to hand off** (prefill/decode disaggregation): a prefill instance hands a request over
-  after its first token (:class:`DecodeAdmit` to the decode scheduler); the decode scheduler
-  picks a route (weighted round-robin per stage, ∝ the node's throughput, the shared
-  :class:`coral.policy.SmoothWRR`) and asks every prefill node to push the overlapping layers
-  of the KV cache to the decode nodes holding them (:class:`KvSend`), then decodes once every
-  layer is in place (or fails the request after ``kv_timeout_s``);
-- **liveness**: heartbeats to the engines and the coordinator every ``heartbeat_s`` (the
-  coordinator's carries the registration, the :class:`~coral.policy.Lifecycle` state and the
-  load); an engine silent for ``heartbeat_timeout_s`` is routed around when its stage has
-  another node (its requests are recomputed elsewhere), else the instance FAILS: it ends every
-  request with a *retryable* error and stops its other nodes. Every state change goes through
+- **which requests to batch** (:meth:`InstanceScheduler.step`): running requests are split into
+  ``micro_batches`` groups (default one per stage) so the stages work on different groups at once;
+  each time a group's micro-batch comes back it is re-formed (finished requests leave, waiting ones
+  join, first come first served, within ``max_batch_requests`` / ``max_batch_tokens``);
+- **which KV blocks**: an exact mirror of every engine node's pool (:class:`KvMirror`); a request
+  joins a batch only when its route has the blocks for its next step, and one whose prompt plus
+  ``max_tokens`` could never fit a node is refused at submission, so an engine never runs out;
+- **what to preempt**: when a node is full, the youngest request holding blocks there (not in a
+  micro-batch in flight) is preempted by recompute: its KV released, it goes back to the front of
+  the queue with its prompt plus the tokens it made;
+- **what to hand off**: a prefill instance hands a request over after its first token
+  (:class:`DecodeAdmit`); the decode scheduler picks a route (smooth WRR per stage ∝ node
+  throughput) and asks the prefill nodes to push the overlapping layers (:class:`KvSend`), then
+  decodes once every layer is in place (or fails the request after ``kv_timeout_s``);
+- **liveness**: heartbeats every ``heartbeat_s`` (the coordinator's carries the registration, the
+  :class:`~coral.policy.Lifecycle` state, the load and the counters); an engine silent for
+  ``heartbeat_timeout_s`` is routed around when its stage has another node, else the instance
+  FAILS and ends every request with a retryable error. Every state change goes through
   :func:`coral.policy.next_state` (READY when all nodes are up, DRAIN on :class:`Drain`, FAIL).
 """
 
@@ -46,6 +38,7 @@ from typing import Any
 
 from coral.policy import Lifecycle, LifecycleEvent, SmoothWRR, next_state
 from coral.runtime.engine.blocks import KvMirror
+from coral.runtime.engine.stats import SchedulerCounters
 from coral.runtime.protocol import (
     TOKEN_NO_KV,
     BatchItem,
@@ -58,6 +51,7 @@ from coral.runtime.protocol import (
     Heartbeat,
     InstanceHello,
     InstancePhase,
+    InstanceStats,
     KvLoaded,
     KvSend,
     KvSource,
@@ -105,6 +99,8 @@ class _Req:
     group: int = -1
     kv_layers: int = 0
     kv_deadline: float = 0.0
+    kv_t0: float = 0.0  # when its KV hand-off was asked for (decode side)
+    kv_bytes: int = 0  # KV bytes loaded for it so far
     history: tuple[int, ...] = ()  # tokens this route has not been fed (a decode hand-off), sent once
     t_arrived: float = 0.0
     queue_s: float = -1.0  # time from arrival to the first batch (-1 = not yet reported)
@@ -197,6 +193,7 @@ class InstanceScheduler:
         self._last_beat = float("-inf")
         self._engine_seen: dict[tuple[int, int], float] = {}
         self._step_meta: dict[int, tuple[int, int, int, float]] = {}  # batch id -> (requests, tokens, context, sent)
+        self.counters = SchedulerCounters()  # for the coordinator's metrics (InstanceStats in the heartbeat)
         self._outbox: dict[str, list[TokenOut]] = {}  # reply address -> this step's tokens, not sent yet
         self._out: list[Send] = []
         self._now = 0.0
@@ -283,8 +280,12 @@ class InstanceScheduler:
             self._send(self.coordinator, Heartbeat(
                 sender=self.address, role=Role.SCHEDULER, instance_id=self.instance_id, state=self.state,
                 in_flight=len(self.reqs), hello=self._hello_msg() if self.ready else None, reason=self.failed,
-                waiting=len(self.waiting), kv_cache_usage=self.kv.usage(),
+                waiting=len(self.waiting), kv_cache_usage=self.kv.usage(), stats=self.stats(),
             ))  # fmt: skip
+
+    def stats(self) -> InstanceStats:
+        """The counters since this scheduler started, its smallest KV pool, and the nodes it lost."""
+        return self.counters.snapshot(preemptions=self.preempted, pools=self.kv.pools.values(), lost=self.dead)
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         if msg.role is not Role.ENGINE:
@@ -330,10 +331,14 @@ class InstanceScheduler:
                 else:
                     self._preempt(r)
         for bid, (g, outstanding) in list(self.in_flight.items()):
+            dropped = outstanding - set(self.kv.by_kv)
             outstanding &= set(self.kv.by_kv)
-            if not outstanding:
+            if not outstanding:  # nothing of this batch will be waited for: release what it still carried
                 del self.in_flight[bid]
                 self.busy[g] = False
+                for kv_id in dropped:
+                    for a in set(self.stale.pop(kv_id, ())) - self.dead_addrs:
+                        self._send(a, Release(request_ids=(kv_id,)))
 
     def _instance_failed(self, reason: str) -> None:
         """A node is gone: report, hand every request back for retry, stop the other nodes."""
@@ -377,16 +382,26 @@ class InstanceScheduler:
     def _unledger(self, r: _Req) -> None:
         self.kv.free(r.route, r.kv_id)
 
-    def _mark_stale(self, r: _Req) -> None:
+    def _mark_stale(self, r: _Req) -> bool:
+        """Whether ``r``'s KV rides in a micro-batch in flight: then it is released when that batch comes
+        back (every stage has run it by then), not now. Released now, a later stage could see the batch
+        after the release and look for KV that is gone (a stop string or a client that left cancels
+        requests mid-step)."""
         if r.route and any(r.kv_id in out for _g, out in self.in_flight.values()):
             self.stale[r.kv_id] = r.route
+            return True
+        return False
+
+    def _release_kv(self, r: _Req) -> None:
+        """Tell ``r``'s route to drop its KV: now, or when its micro-batch in flight is back."""
+        if not self._mark_stale(r):
+            for a in set(r.route) - self.dead_addrs:
+                self._send(a, Release(request_ids=(r.kv_id,)))
 
     def _preempt(self, r: _Req) -> None:
         """Release ``r``'s KV and queue it at the front, to be prefilled again (recompute)."""
         rid = r.submit.request_id
-        self._mark_stale(r)
-        for a in set(r.route) - self.dead_addrs:
-            self._send(a, Release(request_ids=(r.kv_id,)))
+        self._release_kv(r)
         self._unledger(r)
         if r.group >= 0 and rid in self.members[r.group]:
             self.members[r.group].remove(rid)
@@ -464,7 +479,8 @@ class InstanceScheduler:
         r = _Req(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
         r.generated = list(msg.generated)
         r.history = sub.prompt + msg.generated[:-1]
-        r.kv_deadline = self._now + self.kv_timeout_s
+        r.kv_t0 = self._now
+        r.kv_deadline = r.kv_t0 + self.kv_timeout_s
         r.admitted = next(self._admissions)
         self.reqs[sub.request_id] = r
         self.kv.by_kv[r.kv_id] = sub.request_id
@@ -482,8 +498,10 @@ class InstanceScheduler:
             self._fail(r, f"KV transfer failed: {msg.error}")
             return
         r.kv_layers += msg.layer_end - msg.layer_start
+        r.kv_bytes += msg.nbytes
         if r.kv_layers >= self.num_layers:
             r.kv_deadline = 0.0
+            self.counters.kv_loaded(self._now - r.kv_t0, r.kv_bytes)
             self.waiting.append(msg.request_id)
 
     def _check_kv_deadlines(self) -> None:
@@ -567,6 +585,7 @@ class InstanceScheduler:
             self._send(addr, ForwardBatch(batch_id=bid, reply_to=self.address, items=tuple(items)))
         self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
         self.busy[g] = True
+        self.counters.step(sum(len(it.token_ids) for items in by_node.values() for it in items))
         if self.step_trace is not None:
             rs = [self.reqs[rid] for rid in self.members[g]]
             self._step_meta[bid] = (len(rs), sum(len(r.pending) for r in rs), sum(r.position + len(r.pending) for r in rs), self._now)
@@ -661,11 +680,9 @@ class InstanceScheduler:
             self.waiting.remove(rid)
 
     def _release(self, r: _Req) -> None:
-        self._mark_stale(r)
+        self._release_kv(r)
         self._unledger(r)
         self._remove(r)
-        for addr in set(r.route) - self.dead_addrs:
-            self._send(addr, Release(request_ids=(r.kv_id,)))
 
     def _fail(self, r: _Req, error: str, retryable: bool = False) -> None:
         log.warning("scheduler %s: request %s failed: %s", self.instance_id, r.submit.request_id, error)

@@ -42,13 +42,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from coral.errors import CoralError
 from coral.runtime.protocol import SamplingParams, TokenOut
 from coral.runtime.serving.coordinator import Coordinator, ModelInfo, RequestError, RequestHandle
-from coral.runtime.serving.metrics import CONTENT_TYPE, ServingMetrics
-from coral.runtime.serving.models import ChatRequest, CompletionRequest
+from coral.runtime.serving.metrics import CONTENT_TYPE, FleetStats, ServingMetrics
+from coral.runtime.serving.models import ChatRequest, CompletionRequest, collect_ignored
 from coral.runtime.serving.tokenizer import ByteTokenizer, StreamDecoder, Tokenizer
 
 __all__ = ["AdminAction", "ApiServer", "LoopInbox", "PlanAdmin", "ServerOptions", "build_app"]
@@ -78,21 +79,26 @@ class ServerOptions:
     idle_timeout_s: float = 5.0  # a connection without a request this long is closed
     header_timeout_s: float = 10.0  # a request head must arrive within this
     body_timeout_s: float = 30.0  # each read of a request body must complete within this
+    body_deadline_s: float = 30.0  # the whole body must arrive within this of its head (else 408)
     backlog: int = 4096  # listen queue (the kernel caps it at net.core.somaxconn)
+    retry_after_s: int = 5  # the Retry-After of a 503 while the server drains to stop
 
     def __post_init__(self) -> None:
-        for name in ("token_timeout_s", "idle_timeout_s", "header_timeout_s", "body_timeout_s"):
+        for name in ("token_timeout_s", "idle_timeout_s", "header_timeout_s", "body_timeout_s", "body_deadline_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_body_bytes < 1024 or self.backlog < 1:
             raise ValueError("max_body_bytes must be >= 1024 and backlog >= 1")
 
 
-def _error(status: int, message: str, param: str | None = None, code: str | None = None, *, close: bool = False) -> Response:
+def _error(status: int, message: str, param: str | None = None, code: str | None = None, *, close: bool = False,
+           retry_after_s: int | None = None) -> Response:  # fmt: skip
     type_ = {401: "authentication_error", 404: "invalid_request_error"}.get(status, "invalid_request_error" if status < 500 else "server_error")
     body = _json.encode({"error": {"message": message, "type": type_, "param": param, "code": code}})
-    headers = {"connection": "close"} if close else None
-    return Response(content=body, status_code=status, media_type="application/json", headers=headers)
+    headers = {"connection": "close"} if close else {}
+    if retry_after_s is not None:
+        headers["retry-after"] = str(retry_after_s)
+    return Response(content=body, status_code=status, media_type="application/json", headers=headers or None)
 
 
 def _json_response(obj: Any, status: int = 200) -> Response:
@@ -103,16 +109,21 @@ def _json_response(obj: Any, status: int = 200) -> Response:
 
 
 class _Guard:
-    """ASGI middleware: API keys, body limits and timeouts, and the error counter.
+    """ASGI middleware: API keys, body limits and deadlines, draining, and the error counter.
 
     It runs before routing, so a refused request never reaches a handler, and it drains
-    a refused request's body (bounded by ``max_body_bytes``) so the kept-alive
-    connection's next request starts where the client put it.
+    a refused request's body (bounded by ``max_body_bytes`` and the body deadline) so the
+    kept-alive connection's next request starts where the client put it; a refused request
+    that asked ``Expect: 100-continue`` is answered without reading its body (the client has
+    not sent it: uvicorn sends ``100 Continue`` on the first read, so reading it would invite
+    the body of a request already refused).
     """
 
     def __init__(self, app: ASGIApp, options: ServerOptions, metrics: ServingMetrics) -> None:
         self.app, self.o, self.metrics = app, options, metrics
         self.state: Any = None  # the app's _State (to swap in a restarted coordinator)
+        self.draining = False  # set by ApiServer.drain: new API requests get 503 + Retry-After
+        self.in_flight = 0  # API requests (/v1/*) being answered now, streams included
 
     def _key_for(self, path: str) -> str | None:
         if path.startswith("/admin"):
@@ -127,29 +138,40 @@ class _Guard:
             return
         headers = dict(scope["headers"])
         state: dict[str, Any] = scope.setdefault("state", {})
+        deadline = time.monotonic() + self.o.body_deadline_s
+        expects_continue = headers.get(b"expect", b"").lower() == b"100-continue"
 
         async def counted_send(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 self.metrics.error(state.get("model_name", ""), message["status"])
             await send(message)
 
+        async def refuse(resp: Response) -> None:
+            await resp(scope, receive, counted_send)
+
         if b"transfer-encoding" in headers and b"content-length" in headers:
             # RFC 9112 6.1: a possible smuggling attempt; refuse it and close the connection
-            await _error(400, "both Content-Length and Transfer-Encoding given", close=True)(scope, receive, counted_send)
+            await refuse(_error(400, "both Content-Length and Transfer-Encoding given", close=True))
             return
         length = headers.get(b"content-length")
         declared = int(length) if length is not None and length.isdigit() else None
         if declared is not None and declared > self.o.max_body_bytes:
-            await _error(413, f"body larger than {self.o.max_body_bytes} bytes", close=True)(scope, receive, counted_send)
+            await refuse(_error(413, f"body larger than {self.o.max_body_bytes} bytes", close=True))
             return
         key = self._key_for(scope["path"])
         if key:
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-                drained = await self._drain(receive)
-                resp = _error(401, "Incorrect or missing API key (Authorization: Bearer ...).", None, "invalid_api_key", close=not drained)
-                await resp(scope, receive, counted_send)
+                drained = not expects_continue and await self._drain(receive, deadline)
+                await refuse(_error(401, "Incorrect or missing API key (Authorization: Bearer ...).", None, "invalid_api_key", close=not drained))
                 return
+        api = scope["path"].startswith("/v1")
+        if self.draining and api:
+            if not expects_continue:  # read what the client sent, so closing does not reset the answer away
+                await self._drain(receive, deadline)
+            await refuse(_error(503, "the server is shutting down; retry on another replica or after it restarts", None,
+                                "shutting_down", close=True, retry_after_s=self.o.retry_after_s))  # fmt: skip
+            return
 
         received = 0
         body_done = False
@@ -158,9 +180,12 @@ class _Guard:
             nonlocal received, body_done
             if body_done:
                 return await receive()
+            left = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), self.o.body_timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, min(self.o.body_timeout_s, left)))
             except TimeoutError:
+                if left <= self.o.body_timeout_s:
+                    raise _BodyError(408, f"request body not received whole within {self.o.body_deadline_s:g} s") from None
                 raise _BodyError(408, f"request body not received within {self.o.body_timeout_s:g} s") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
@@ -171,17 +196,23 @@ class _Guard:
                 body_done = True
             return message
 
+        if api:
+            self.in_flight += 1
         try:
             await self.app(scope, guarded_receive, counted_send)
         except _BodyError as e:
-            await _error(e.status, e.message, close=True)(scope, receive, counted_send)
+            await refuse(_error(e.status, e.message, close=True))
+        finally:
+            if api:
+                self.in_flight -= 1
 
-    async def _drain(self, receive: Receive) -> bool:
+    async def _drain(self, receive: Receive, deadline: float) -> bool:
         """Read and drop a request's body; False if it did not come whole in time (then close)."""
         total = 0
         while True:
+            left = deadline - time.monotonic()
             try:
-                message = await asyncio.wait_for(receive(), self.o.body_timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, min(self.o.body_timeout_s, left)))
             except TimeoutError:
                 return False
             if message["type"] != "http.request":
@@ -316,6 +347,7 @@ class _Run:
         self.queue: asyncio.Queue[tuple[int, TokenOut | None]] = asyncio.Queue()  # (choice, msg); None = the client left
         self.choices: list[_Choice] = []
         self.prompt_lens: list[int] = []
+        self.max_tokens = 0  # per choice, as submitted (the last prompt's, for vllm:request_params_max_tokens)
         self.t0 = time.perf_counter()
         self.created = int(time.time())
 
@@ -368,6 +400,7 @@ class _Run:
                 text = p if isinstance(p, str) else tok.decode(ids)
                 self.prompt_lens.append(len(ids))
                 max_tokens = asked if asked is not None else max(1, info.max_context - len(ids))
+                self.max_tokens = max_tokens
                 for j in range(req.n):
                     seed = None if req.seed is None else req.seed + j
                     k = len(self.choices)
@@ -522,6 +555,14 @@ class PlanAdmin(Protocol):
         """
         ...
 
+    def health(self) -> dict[str, str]:
+        """model -> ok | degraded | unavailable | starting (the repairs under way included)."""
+        ...
+
+    def fleet_stats(self) -> FleetStats:
+        """What /metrics reports of the fleet (the registry, starts, repairs, re-plans, the plan's cost)."""
+        ...
+
 
 # ----------------------------------------------------------------------------- the app
 
@@ -538,6 +579,14 @@ class _State:
 
     def tokenizer(self, model: str) -> Tokenizer:
         return self.tokenizers.get(model, self.default_tokenizer)
+
+    def fleet_stats(self) -> FleetStats:
+        """What /metrics reports of the fleet: the plan controller's view, else the coordinator's alone."""
+        return self.admin.fleet_stats() if self.admin is not None else self.coord.fleet_stats()
+
+    def health(self) -> dict[str, str]:
+        """model -> ok | degraded | unavailable | starting (the controller knows the repairs under way)."""
+        return self.admin.health() if self.admin is not None else self.coord.health()
 
 
 class _ClientGone(Exception):
@@ -624,14 +673,16 @@ def build_app(
     """
     o = options or ServerOptions()
     holder: list[_State] = []
-    metrics = ServingMetrics(lambda: holder[0].coord.model_load() if holder else {})
+    guard: _Guard
+    longest = max((m.max_context for m in coordinator.models.values()), default=2)
+    metrics = ServingMetrics(lambda: holder[0].fleet_stats() if holder else FleetStats(), max_model_len=longest)
     st = _State(coord=coordinator, options=o, metrics=metrics, tokenizers=dict(tokenizers or {}), admin=admin, created=int(time.time()))
     holder.append(st)
     app = FastAPI(title="Coral OpenAI-compatible API", version="1", openapi_url="/openapi.json", docs_url="/docs", redoc_url=None)
 
     @app.exception_handler(RequestError)
     async def _on_request_error(request: Request, e: RequestError) -> Response:
-        return _error(e.status, e.message, e.param, e.code)
+        return _error(e.status, e.message, e.param, e.code, retry_after_s=o.retry_after_s if e.status == 503 else None)
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(request: Request, e: RequestValidationError) -> Response:
@@ -645,6 +696,12 @@ def build_app(
         where = ".".join(str(x) for x in loc) or "body"
         return _error(400, f"invalid field {param!r} ({where}): {err.get('msg')}" if param else f"invalid body: {err.get('msg')}", param)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _on_client_left(request: Request, e: ClientDisconnect) -> Response:
+        # a client that leaves mid-body is routine (a timeout on its side, a cancelled call): a debug line
+        log.debug("client %s left before its %s %s body was read", request.client, request.method, request.url.path)
+        return Response(status_code=499)
+
     @app.exception_handler(StarletteHTTPException)
     async def _on_http(request: Request, e: StarletteHTTPException) -> Response:
         if isinstance(e, _BodyError):
@@ -657,6 +714,7 @@ def build_app(
             request.scope.setdefault("state", {})["model_name"] = body.model
         run = _Run(st, body, chat)
         run.start()
+        st.metrics.observe_params(body.model, n=body.n, max_tokens=run.max_tokens)
         if body.stream:
             return StreamingResponse(_stream(run), media_type="text/event-stream", headers={"cache-control": "no-cache"})
         return await _complete(run, request)
@@ -671,9 +729,13 @@ def build_app(
     async def _parse(request: Request, model: type[CompletionRequest] | type[ChatRequest]) -> CompletionRequest | ChatRequest:
         raw = await request.body()
         try:
-            return model.model_validate_json(raw)
+            with collect_ignored() as ignored:
+                body = model.model_validate_json(raw)
         except ValidationError as e:
             raise RequestValidationError(e.errors(include_url=False)) from None
+        if ignored.count:
+            log.warning("%s", ignored.line())
+        return body
 
     @app.post("/v1/completions", response_model=None, summary="Create a completion", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: Request) -> Response:
@@ -708,11 +770,15 @@ def build_app(
     async def model(model_id: str) -> Response:
         return _json_response(_model_card(st.coord.check_model(model_id)))
 
-    @app.get("/health", summary="Readiness: every model has an instance taking traffic")
+    @app.get("/health", summary="Readiness: each model ok, degraded, unavailable or starting")
     async def health() -> Response:
         counts = st.coord.ready_counts()
-        ok = all(st.coord.can_serve(m) for m in counts)
-        return _json_response({"status": "ok" if ok else "starting", "instances": counts}, 200 if ok else 503)
+        models = st.health()
+        if guard.draining:
+            return _json_response({"status": "draining", "models": models, "instances": counts}, 503)
+        serving = all(v in ("ok", "degraded") for v in models.values())
+        worst = next((h for h in ("unavailable", "starting", "degraded") if h in models.values()), "ok")
+        return _json_response({"status": worst, "models": models, "instances": counts}, 200 if serving else 503)
 
     @app.get("/metrics", summary="Prometheus metrics (vLLM's names)")
     async def prometheus() -> Response:
@@ -854,6 +920,24 @@ class ApiServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise CoralError(f"the HTTP server on {self.url} did not start")
             time.sleep(0.01)
+
+    @property
+    def in_flight(self) -> int:
+        """API requests being answered now (streams included)."""
+        return self.app.in_flight
+
+    def drain(self, timeout_s: float = 30.0) -> int:
+        """Stop admitting API requests (503 with ``Retry-After``, ``/health`` 503 ``draining``) and wait
+        up to ``timeout_s`` for the ones in flight, streams included, to finish.
+
+        Returns:
+            The requests still in flight when it gave up waiting (0: all finished).
+        """
+        self.app.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.app.in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.app.in_flight
 
     def stop(self) -> None:
         """Stop serving (open streams get up to 2 s) and close the socket."""

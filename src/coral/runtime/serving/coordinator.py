@@ -40,11 +40,14 @@ from coral.policy import (
     next_state,
 )
 from coral.runtime.protocol import (
+    ITERATION_TOKEN_BUCKETS,
+    KV_TRANSFER_SECONDS_BUCKETS,
     Cancel,
     Drain,
     Heartbeat,
     InstanceHello,
     InstancePhase,
+    InstanceStats,
     Role,
     SamplingParams,
     Shutdown,
@@ -52,6 +55,7 @@ from coral.runtime.protocol import (
     TokenOut,
     TokenOuts,
 )
+from coral.runtime.serving.metrics import CacheInfo, FleetStats, ModelCounters
 from coral.runtime.serving.routing import InstanceView, RouteStates, pick_decode, pick_prefill
 from coral.runtime.serving.window import EpochObservation, RequestWindow
 from coral.runtime.transport import Transport
@@ -142,6 +146,42 @@ class InstanceRecord:
     reported_kv_usage: float = 0.0
     t_first_request: float = 0.0
     t_drain: float = 0.0
+    stats: InstanceStats | None = None  # the scheduler's last counters (cumulative) and lost nodes
+
+    @property
+    def lost_nodes(self) -> tuple[str, ...]:
+        """Engine nodes ("stage/index") the instance runs without (a data-parallel stage lost one)."""
+        return self.stats.lost_nodes if self.stats is not None else ()
+
+
+class _Totals:
+    """A model's scheduler counters, summed over its instances, the retired ones included (the
+    heartbeats carry each scheduler's cumulative figures; the coordinator adds up the increments)."""
+
+    def __init__(self) -> None:
+        self.preemptions = 0
+        self.iteration_tokens = [0] * (len(ITERATION_TOKEN_BUCKETS) + 1)
+        self.iteration_tokens_sum = 0
+        self.kv_transfers = 0
+        self.kv_transfer_bytes = 0
+        self.kv_seconds = [0] * (len(KV_TRANSFER_SECONDS_BUCKETS) + 1)
+        self.kv_seconds_sum = 0.0
+
+    def add(self, new: InstanceStats, old: InstanceStats | None) -> None:
+        """Add what `new` counts beyond `old` (the same scheduler's previous heartbeat)."""
+        def inc(a: list[int], b: tuple[int, ...], prev: tuple[int, ...]) -> None:
+            if len(b) == len(a):
+                for k, v in enumerate(b):
+                    a[k] += max(0, v - (prev[k] if len(prev) == len(a) else 0))
+
+        o = old or InstanceStats()
+        self.preemptions += max(0, new.preemptions - o.preemptions)
+        inc(self.iteration_tokens, new.iteration_tokens, o.iteration_tokens)
+        self.iteration_tokens_sum += max(0, new.iteration_tokens_sum - o.iteration_tokens_sum)
+        self.kv_transfers += max(0, new.kv_transfers - o.kv_transfers)
+        self.kv_transfer_bytes += max(0, new.kv_transfer_bytes - o.kv_transfer_bytes)
+        inc(self.kv_seconds, new.kv_transfer_seconds, o.kv_transfer_seconds)
+        self.kv_seconds_sum += max(0.0, new.kv_transfer_seconds_sum - o.kv_transfer_seconds_sum)
 
 
 class Coordinator:
@@ -195,6 +235,12 @@ class Coordinator:
         self.retried = 0
         self.failed_requests = 0
         self.load_at_drain: dict[str, int] = {}  # instance id -> requests it held when its drain began
+        self._totals: dict[str, _Totals] = {m.name: _Totals() for m in models}
+        self._model_of: dict[str, str] = {}  # instance id -> model, registered or retired
+        self.cache_dtype = "float32"  # what vllm:cache_config_info reports (the cluster's dtype)
+        #: model -> until when a replacement instance is expected (self-repair): a request that finds
+        #: no instance waits for it (parked) instead of a 503
+        self.expected: dict[str, float] = {}
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -305,6 +351,7 @@ class Coordinator:
             if state is Lifecycle.ACTIVE:
                 state = next_state(Lifecycle.STARTING, LifecycleEvent.READY, in_flight=0)
             self.instances[msg.instance_id] = InstanceRecord(view=view, address=msg.address, state=state, last_seen=now, t_registered=now)
+            self._model_of[msg.instance_id] = msg.model
             self._event(msg.instance_id, "ready" if state is Lifecycle.ACTIVE else "re-registered draining")
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
@@ -330,6 +377,11 @@ class Coordinator:
             rec.reported_state = msg.state
             rec.reported_waiting = msg.waiting
             rec.reported_kv_usage = msg.kv_cache_usage
+            if msg.stats is not None:
+                self._totals[rec.view.model].add(msg.stats, rec.stats)
+                if msg.stats.lost_nodes != rec.lost_nodes:
+                    self._event(msg.instance_id, f"degraded (lost node(s) {', '.join(msg.stats.lost_nodes)})")
+                rec.stats = msg.stats
 
     def _lost(self, iid: str, reason: str) -> None:
         """An instance died: out of routing, its requests resent elsewhere (lock held)."""
@@ -378,15 +430,60 @@ class Coordinator:
                         out[iid] += 1
             return out
 
+    @staticmethod
+    def _state_of(r: InstanceRecord) -> str:
+        """``active``, ``degraded`` (active, without some engine nodes), ``draining``."""
+        return "degraded" if r.state is Lifecycle.ACTIVE and r.lost_nodes else str(r.state)
+
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every registered instance: id, model, phase, region, state, load, address."""
+        """Every registered instance: id, model, phase, region, state (``degraded``: active without the
+        ``lost_nodes`` named), load, address."""
         loads = self.loads()
         with self._lock:
             return [
-                {"id": iid, "model": r.view.model, "phase": r.view.phase, "region": r.view.region, "state": str(r.state),
-                 "load": loads.get(iid, 0), "address": r.address}
+                {"id": iid, "model": r.view.model, "phase": r.view.phase, "region": r.view.region, "state": self._state_of(r),
+                 "lost_nodes": list(r.lost_nodes), "load": loads.get(iid, 0), "address": r.address}
                 for iid, r in sorted(self.instances.items())
             ]  # fmt: skip
+
+    def health(self, repairing: frozenset[str] = frozenset()) -> dict[str, str]:
+        """model -> ``ok`` | ``degraded`` | ``unavailable`` | ``starting``, from the registry.
+
+        ``ok``: it takes requests and nothing of it is lost; ``degraded``: it takes requests, but an
+        instance runs without a node, or one is being replaced (``repairing``, the models the plan
+        controller is repairing); ``unavailable``: it takes none, and an instance of it was lost;
+        ``starting``: it takes none yet, and none of it has failed.
+        """
+        with self._lock:
+            lost_models = {r for iid, why in self.retired.items() if why.startswith("lost") and (r := self._model_of.get(iid))}
+            out = {}
+            for m in self.models:
+                recs = [r for r in self.instances.values() if r.view.model == m]
+                if self.can_serve(m):
+                    hurt = m in repairing or any(r.lost_nodes for r in recs if r.state is Lifecycle.ACTIVE)
+                    out[m] = "degraded" if hurt else "ok"
+                else:
+                    out[m] = "unavailable" if (m in lost_models or m in repairing) else "starting"
+            return out
+
+    def fleet_stats(self, repairing: frozenset[str] = frozenset()) -> FleetStats:
+        """The registry's part of what /metrics reports."""
+        with self._lock:
+            counters = {m: ModelCounters(
+                preemptions=t.preemptions, iteration_token_counts=tuple(t.iteration_tokens),
+                iteration_tokens_sum=t.iteration_tokens_sum, kv_transfers=t.kv_transfers,
+                kv_transfer_bytes=t.kv_transfer_bytes, kv_transfer_seconds_counts=tuple(t.kv_seconds),
+                kv_transfer_seconds_sum=t.kv_seconds_sum) for m, t in self._totals.items()}  # fmt: skip
+            caches = tuple(CacheInfo(model=r.view.model, instance=iid, block_size=r.stats.kv_block_size,
+                                     num_gpu_blocks=r.stats.kv_blocks, cache_dtype=self.cache_dtype)
+                           for iid, r in self.instances.items() if r.stats is not None and r.stats.kv_blocks)  # fmt: skip
+            states: dict[tuple[str, str], int] = {}
+            for r in self.instances.values():
+                key = (r.view.model, self._state_of(r))
+                states[key] = states.get(key, 0) + 1
+            lost = tuple((r.view.model, iid, n) for iid, r in self.instances.items() for n in r.lost_nodes)
+        return FleetStats(load=self.model_load(), counters=counters, caches=caches, instances=states, lost_nodes=lost,
+                          health=self.health(repairing))  # fmt: skip
 
     def ready_counts(self) -> dict[str, int]:
         """model -> number of registered instances taking traffic."""
@@ -501,7 +598,12 @@ class Coordinator:
                 seed=seed_, eos_ids=eos, sampling=sampling, sink=sink,
             )  # fmt: skip
             if not self._dispatch(h):
-                raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
+                until = self.expected.get(model, 0.0)
+                if time.monotonic() >= until:
+                    raise RequestError(503, f"no instance of model {model!r} is ready", "model", "model_unavailable")
+                # an instance of it is being replaced: wait for it, as a retried request does
+                h.retry_deadline = until
+                self._parked.append(h)
             self._handles[rid] = h
             self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
             self._window.record(model, time.monotonic(), len(prompt), h.generated)

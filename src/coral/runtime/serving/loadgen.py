@@ -39,6 +39,9 @@ class RequestResult:
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
     status: int = 0
+    #: "completed"; "refused" (an error status, or an error event in the stream: the server said why);
+    #: "cut" (the stream broke off: a connection closed or reset mid-answer, no [DONE]); "failed" (no answer)
+    outcome: str = "failed"
     sent_at_s: float = math.nan
     first_at_s: float = math.nan
     last_at_s: float = math.nan
@@ -88,16 +91,20 @@ async def _stream_one(
             if r.status_code != 200:
                 text = (await r.aread())[:2000].decode("utf-8", "replace")
                 res.error = f"HTTP {r.status_code}: {text}"
+                res.outcome = "refused"
                 return res
+            done = False
             async for line in r.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()
                 if payload == "[DONE]":
+                    done = True
                     break
                 ev = json.loads(payload)
                 if "error" in ev:
                     res.error = str(ev["error"].get("message", ev["error"]))
+                    res.outcome = "refused"
                     return res
                 if ev.get("usage"):
                     usage_tokens = int(ev["usage"].get("completion_tokens", -1))
@@ -117,11 +124,14 @@ async def _stream_one(
         res.e2el_s = time.perf_counter() - start
         if usage_tokens >= 0:
             res.output_tokens = usage_tokens
-        res.ok = chunks > 0
+        res.ok = chunks > 0 and done
+        res.outcome = "completed" if res.ok else "cut"
         if not res.ok:
-            res.error = "no token in the stream"
+            res.error = "the stream ended without [DONE]" if chunks else "no token in the stream"
     except (httpx.HTTPError, OSError, ValueError) as e:
         res.error = f"{type(e).__name__}: {e}"
+        # a break after the answer began is a cut stream; before it, no answer at all
+        res.outcome = "cut" if res.status == 200 else "failed"
     return res
 
 
@@ -294,6 +304,8 @@ class BenchReport:
     total_token_throughput: float
     max_concurrency: int
     goodput_req_per_s: float | None = None
+    refused: int = 0  # of failed: the server answered with an error (HTTP status or an in-stream error event)
+    cut: int = 0  # of failed: streams that broke off mid-answer
     stats_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
 
@@ -313,6 +325,8 @@ class BenchReport:
         row = lambda k, v: lines.append(f"{k:<{w}}{v:<10}")  # noqa: E731
         row("Successful requests:", self.completed)
         row("Failed requests:", self.failed)
+        if self.failed:
+            row("  refused with an error / cut streams:", f"{self.refused} / {self.cut}")
         row("Maximum request concurrency:", self.max_concurrency)
         row("Benchmark duration (s):", f"{self.duration_s:.2f}")
         row("Total input tokens:", self.total_input_tokens)
@@ -402,6 +416,7 @@ def run_bench(
         total_output_tokens=tout, request_throughput=len(ok) / duration, output_throughput=tout / duration,
         total_token_throughput=(tin + tout) / duration, max_concurrency=max_concurrency, goodput_req_per_s=goodput,
         stats_ms=stats, errors=[r.error for r in done if not r.ok],
+        refused=sum(r.outcome == "refused" for r in done), cut=sum(r.outcome == "cut" for r in done),
     )  # fmt: skip
     return report, done
 

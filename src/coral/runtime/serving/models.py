@@ -1,7 +1,7 @@
 """The request bodies of the OpenAI API as pydantic models (the OpenAPI schema is generated from them).
 
 They mirror OpenAI's and vLLM's fields. As in vLLM's server, a field the models do not
-know is ignored and logged, not refused (clients and gateways send fields of newer API
+know is ignored and logged (one line per request, its count and first few names), not refused (clients and gateways send fields of newer API
 versions); a known field whose value the engine cannot honour (``best_of`` above ``n``,
 beam search, tools, a ``response_format`` other than text, ``suffix``, ``echo`` with
 ``logprobs``) is refused with a 400 that names the field and the value
@@ -11,6 +11,9 @@ beam search, tools, a ``response_format`` other than text, ``suffix``, ``echo`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
@@ -19,8 +22,10 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "CompletionRequest",
+    "IgnoredFields",
     "StreamOptions",
     "TextPart",
+    "collect_ignored",
 ]
 
 log = logging.getLogger(__name__)
@@ -34,8 +39,57 @@ class _Open(BaseModel):
     @model_validator(mode="after")
     def _log_ignored(self) -> _Open:
         if self.model_extra:
-            log.warning("The following fields were present in the request but ignored: %s", sorted(self.model_extra))
+            sink = _IGNORED.get()
+            if sink is None:
+                log.warning("%s", IgnoredFields(self.model_extra).line())
+            else:
+                sink.add(self.model_extra)
         return self
+
+
+#: Unknown field names a log line lists (the rest are counted), and the characters kept of each name.
+LOGGED_FIELDS = 5
+LOGGED_NAME_CHARS = 40
+
+
+class IgnoredFields:
+    """The unknown fields of one request body, counted, with the first few names kept for the log.
+
+    A body of 600k unknown keys (or 1,000 messages with one each) logs one short line, never the
+    whole list (log amplification).
+    """
+
+    def __init__(self, names: Iterable[str] = ()) -> None:
+        self.count = 0
+        self.first: list[str] = []
+        self.add(names)
+
+    def add(self, names: Iterable[str]) -> None:
+        """Count more unknown field names."""
+        for k in names:
+            self.count += 1
+            if len(self.first) < LOGGED_FIELDS:
+                self.first.append(k if len(k) <= LOGGED_NAME_CHARS else k[:LOGGED_NAME_CHARS] + "...")
+
+    def line(self) -> str:
+        """The log line: the count and the first names."""
+        more = f" and {self.count - len(self.first)} more" if self.count > len(self.first) else ""
+        return f"{self.count} field(s) present in the request but ignored: {self.first}{more}"
+
+
+_IGNORED: ContextVar[IgnoredFields | None] = ContextVar("coral_ignored_fields", default=None)
+
+
+@contextmanager
+def collect_ignored() -> Iterator[IgnoredFields]:
+    """Within it, unknown fields of every model validated are counted into the one collector it yields
+    (the caller logs it once per request) instead of each model logging its own line."""
+    sink = IgnoredFields()
+    token = _IGNORED.set(sink)
+    try:
+        yield sink
+    finally:
+        _IGNORED.reset(token)
 
 
 class StreamOptions(_Open):
