@@ -118,7 +118,10 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
                 engines.append(subprocess.Popen(["bash", "-c", task["run"]], env=env, start_new_session=True,
                                                 stdout=subprocess.DEVNULL, stderr=log))
         control.join(timeout=300)
-        assert [None] == started, started
+        log.flush()
+        # when the instances never dial in, the engine nodes' own stderr says why
+        assert [None] == started, (started, (tmp_path / "engines.log").read_text()[-3000:],
+                                   [(e.args[-1][-200:], e.poll()) for e in engines])
         assert {i.name for i in cluster.instances} == set(dep.coordinator.instances)  # type: ignore[union-attr]
         assert [] == [e.args for e in engines if e.poll() is not None]  # every engine node still runs
         prompts = [[1, 2, 3], [7] * 12, [40, 41]]

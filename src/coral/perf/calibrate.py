@@ -88,9 +88,17 @@ def fit_efficiency(model: ModelSpec, points: list[Measurement], start: Efficienc
         perf = RooflinePerf(efficiency={gpu: make(x)})
         return np.array([math.log(_predict_ms(perf, model, m) / m.layer_ms) for m in points])
 
-    x0 = np.array([start.flops, start.decode_flops or start.flops, start.bandwidth, start.layer_overhead_s * 1e3])
-    fit = least_squares(residuals, x0, bounds=([0.05, 0.05, 0.05, 0.0], [0.95, 0.95, 0.95, 0.2]))
-    return make(fit.x)
+    # The fit has local optima (a decode efficiency can trade against the per-layer overhead), and
+    # which one a single start lands in moves with SciPy's version: take the best of a few starts.
+    starts = [np.array([start.flops, start.decode_flops or start.flops, start.bandwidth, start.layer_overhead_s * 1e3])]
+    starts += [np.array(x) for x in _EXTRA_STARTS]
+    bounds = ([0.05, 0.05, 0.05, 0.0], [0.95, 0.95, 0.95, 0.2])
+    fits = [least_squares(residuals, x0, bounds=bounds) for x0 in starts]
+    return make(min(fits, key=lambda f: f.cost).x)
+
+
+# (η_F prefill, η_F decode, η_B, overhead ms): spread over the box so each basin gets a start.
+_EXTRA_STARTS = ((0.5, 0.3, 0.8, 0.0), (0.8, 0.5, 0.6, 0.2), (0.4, 0.2, 0.9, 0.05))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
