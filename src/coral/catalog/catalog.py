@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from coral.catalog.hardware import GpuType, LinkFit, NodeConfig, split_config_name
+from coral.catalog.hardware import GpuType, LinkFit, NodeConfig, split_config_name, split_group_name
 from coral.errors import CoralError, unknown
 
 # Network of a VM whose bandwidth the catalog does not know (GCP N1 hosts of T4/V100):
@@ -54,6 +54,13 @@ class Catalog:
         return self.gpus[key]
 
     def config(self, name: str) -> NodeConfig:
+        node, tp = split_group_name(name)
+        if tp is not None:
+            base = self.config(node)
+            try:
+                return base.group(tp)
+            except ValueError as exc:
+                raise CoralError(str(exc)) from None
         try:
             count, gpu = split_config_name(name)
         except ValueError as exc:

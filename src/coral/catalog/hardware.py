@@ -41,16 +41,47 @@ class NodeConfig:
     gpu: GpuType
     count: int
     network_gbps: float
+    # > count: this is one tensor-parallel group of `count` GPUs on a node of `node_count` GPUs
+    # (the node runs node_count / count such engines); its NIC share is network_gbps.
+    node_count: int = 0
 
     def __post_init__(self) -> None:
         if self.count not in (1, 2, 4, 8, 16):
             raise ValueError(f"NodeConfig {self.gpu.name}: GPU count must be 1, 2, 4, 8 or 16, got {self.count}")
         if not self.network_gbps > 0:
             raise ValueError(f"NodeConfig {self.name}: network_gbps must be > 0, got {self.network_gbps}")
+        if self.node_count and (self.node_count < self.count or self.node_count % self.count):
+            raise ValueError(f"NodeConfig {self.name}: a TP group of {self.count} GPUs must divide its node's "
+                             f"{self.node_count}")
 
     @property
     def name(self) -> str:
-        return f"{self.count}x{self.gpu.name}"
+        """`4xL40S` for a whole node; `4xL40S/tp1` for one 1-GPU tensor-parallel group of it."""
+        return f"{self.node_name}/tp{self.count}" if self.is_group else self.node_name
+
+    @property
+    def node_name(self) -> str:
+        """The node this configuration runs on (itself unless it is a TP group of a larger node)."""
+        return f"{self.node_count if self.is_group else self.count}x{self.gpu.name}"
+
+    @property
+    def is_group(self) -> bool:
+        return self.node_count > self.count
+
+    @property
+    def groups_per_node(self) -> int:
+        return self.node_count // self.count if self.is_group else 1
+
+    def group(self, tp: int) -> NodeConfig:
+        """One tensor-parallel group of `tp` of this node's GPUs, with its share of the NIC."""
+        if self.is_group:
+            raise ValueError(f"{self.name} is already a TP group")
+        if tp == self.count:
+            return self
+        if tp < 1 or self.count % tp:
+            raise ValueError(f"TP {tp} does not divide the {self.count} GPUs of {self.name}")
+        return NodeConfig(gpu=self.gpu, count=tp, network_gbps=self.network_gbps * tp / self.count,
+                          node_count=self.count)
 
     @property
     def memory_bytes(self) -> float:
@@ -102,9 +133,20 @@ class LinkFit:
         return max(self.floor_s, t)
 
 
+def split_group_name(name: str) -> tuple[str, int | None]:
+    """Split `'4xL40S/tp1'` into `('4xL40S', 1)`; a whole node's name gives `(name, None)`."""
+    node, sep, tp = name.strip().partition("/tp")
+    if not sep:
+        return node, None
+    if not tp.isdigit():
+        raise ValueError(f"TP group {name!r} is not of the form '<n>x<GPU>/tp<t>', e.g. '4xL40S/tp1'")
+    return node, int(tp)
+
+
 def split_config_name(name: str) -> tuple[int, str]:
-    """Split `'2xL40S'` into `(2, 'L40S')`; raise ValueError on another shape."""
-    match = _CONFIG_NAME.match(name.strip())
+    """Split `'2xL40S'` into `(2, 'L40S')` (a TP group `'4xL40S/tp1'` gives its node's); raise
+    ValueError on another shape."""
+    match = _CONFIG_NAME.match(split_group_name(name)[0])
     if not match:
         raise ValueError(f"node configuration {name!r} is not of the form '<n>x<GPU>', e.g. '1xL4' or '8xH100'")
     return int(match.group(1)), match.group(2)

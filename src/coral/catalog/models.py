@@ -70,6 +70,41 @@ class ModelSpec:
         if self.sliding_layers and not self.sliding_window:
             raise ValueError(f"model {self.name}: sliding_layers > 0 needs a sliding_window")
 
+    # --- tensor parallelism ----------------------------------------------------------------
+    def tp_problem(self, tp: int) -> str | None:
+        """Why vLLM would refuse tensor-parallel degree `tp` for this model, or None when it runs.
+
+        vLLM's rule: the attention heads divide by `tp`; the KV heads divide by `tp`, or `tp`
+        divides by them (each KV head then lives on `tp / kv_heads` GPUs); the MLP (for a mixture
+        of experts, each expert's) width divides by `tp`. The perf model, the template search,
+        the engine and the exports all ask this one rule.
+        """
+        if tp < 1:
+            return f"a tensor-parallel degree must be >= 1, got {tp}"
+        heads, kv = self.num_heads, self.num_kv_heads
+        width = self.expert_intermediate_size if self.is_moe else self.intermediate_size
+        if heads % tp:
+            return f"{self.name} has {heads} attention heads, not divisible by TP {tp}"
+        if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+            return f"{self.name} has {kv} KV heads: TP {tp} neither divides them nor is a multiple of them"
+        if width % tp:
+            return f"{self.name}'s MLP width {width} is not divisible by TP {tp}"
+        return None
+
+    def valid_tp(self, gpus: int) -> tuple[int, ...]:
+        """The tensor-parallel degrees that divide `gpus` and that vLLM accepts for this model."""
+        return tuple(t for t in range(1, gpus + 1) if gpus % t == 0 and self.tp_problem(t) is None)
+
+    def check_tp(self, tp: int, gpus: int | None = None) -> None:
+        """Raise CoralError (one line: heads, KV heads, the valid degrees) when `tp` is refused."""
+        problem = self.tp_problem(tp)
+        if problem is None and gpus is not None and gpus % tp:
+            problem = f"TP {tp} does not divide the node's {gpus} GPUs"
+        if problem is not None:
+            valid = ", ".join(map(str, self.valid_tp(gpus or 8)))
+            raise CoralError(f"{problem} ({self.num_heads} heads, {self.num_kv_heads} KV heads); "
+                             f"valid TP degrees{f' on {gpus} GPUs' if gpus else ''}: {valid}")
+
     # --- parameters -------------------------------------------------------------------------
     @property
     def is_moe(self) -> bool:

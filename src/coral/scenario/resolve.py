@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
-from coral.catalog.hardware import NodeConfig
+from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec, resolve_model_spec
 from coral.errors import CoralError, unknown
 from coral.file_kinds import wrong_kind
@@ -92,9 +92,15 @@ class Scenario:
         raise unknown("model", name, [m.name for m in self.models])
 
     def config(self, name: str) -> NodeConfig:
+        node, tp = split_group_name(name)
         for c in self.configs:
-            if c.name == name:
-                return c
+            if c.name == node:
+                if tp is None:
+                    return c
+                try:
+                    return c.group(tp)
+                except ValueError as exc:
+                    raise CoralError(str(exc)) from None
         raise unknown("configuration", name, [c.name for c in self.configs])
 
 
