@@ -10,6 +10,10 @@ from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 
 
+# One device-to-device copy between two engines of a node (CUDA IPC / NCCL send): launch and sync.
+INTRA_HOP_S = 2e-5
+
+
 class Phase(StrEnum):
     PREFILL = "prefill"
     DECODE = "decode"
@@ -103,6 +107,12 @@ class PerfModel:
         nbytes = shape.tokens * model.hidden_size * self.system.activation_bytes
         bw = min(src.network_bytes_per_s, dst.network_bytes_per_s)
         return nbytes / bw + self.system.network_latency_s
+
+    def intra_transfer_s(self, model: ModelSpec, shape: Shape, config: NodeConfig) -> float:
+        """Activations of one micro-batch between two stages on the same node: over its GPU link
+        (half the datasheet's bidirectional figure, one way), with a copy's launch latency."""
+        nbytes = shape.tokens * model.hidden_size * self.system.activation_bytes
+        return nbytes / (config.gpu.intra_node_gb_per_s * 1e9 / 2) + INTRA_HOP_S
 
     def kv_transfer_s(self, model: ModelSpec, prompt_tokens: float, src: NodeConfig, dst: NodeConfig) -> float:
         """One request's KV cache (`P·L·kv_l` bytes) from a prefill node to a decode node."""

@@ -84,10 +84,12 @@ class PlannerEntry(_Strict):
         "the TTFT SLO; the rest is left for queueing, which the capacity model sizes."))
     tpot_headroom: float = Field(0.9, gt=0, le=1, description=(
         "Decode templates must make one step within this share of the TPOT SLO, less the KV transfer each "
-        "output token pays for (their steady-state cadence with all micro-batches in flight is checked)."))
-    kv_share: float = Field(0.5, gt=0, lt=1, description=(
-        "At most this share of the TPOT SLO may go to the prefill -> decode KV transfer of the attainment-"
-        "quantile request; a model's templates only use nodes whose NIC keeps it there."))
+        "output token pays for where it counts in TPOT (first_token: prefill); their steady-state cadence with "
+        "all micro-batches in flight is checked."))
+    first_token: Literal["auto", "prefill", "decode"] = Field("auto", description=(
+        "Which instance emits a request's first token. prefill (the paper's runtime): the prefill -> decode "
+        "KV transfer counts in TPOT; decode (vLLM's P/D proxy): it counts in TTFT. auto: per model, where the "
+        "attainment-quantile request's transfer over the scenario's median NIC is the smaller share of its SLO."))
     history_s: float = Field(3600.0, gt=0, allow_inf_nan=False, description=(
         "Length of the traffic sample (a separate draw of each model's workload) the first plan's capacity "
         "is sized on; later epochs size on the traffic observed."))

@@ -1,5 +1,5 @@
 """A scenario's traffic as the planner sees it before any run: a sample of each model's workload
-(its "history"), the length summary at the attainment quantile and the KV link (DESIGN §4a)."""
+(its "history"), the length summary at the attainment quantile and the KV model (DESIGN §4a)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ from typing import Any
 
 from coral.catalog.hardware import NodeConfig
 from coral.errors import CoralError
-from coral.templates.budget import KvLink, kv_link, usable_configs
+from coral.templates.budget import KvModel, kv_model
 from coral.workload.summary import LengthSummary, summarize_lengths
 from coral.workload.trace import Trace
 
@@ -88,60 +88,21 @@ def length_summary(scenario: Any, model: str) -> LengthSummary:
     return hit[1]
 
 
-_LINKS: dict[tuple[Any, ...], KvLink] = {}
+_KV: dict[tuple[Any, ...], KvModel] = {}
 
 
-def model_kv_link(scenario: Any, model: str) -> KvLink:
-    """The KV link `model`'s templates are held to (`coral.templates.budget.kv_link`). Each candidate
-    floor is priced by a quick estimate: the raw demand of each phase times the lowest $ per token
-    of one node at least that fast running every layer within the phase's budget (decode at the
-    largest micro-batch of the grid that fits; prefill one prompt, its latency at the quantile
-    prompt). Memoized per scenario content."""
-    from coral.perf.model import Phase, Shape
-    from coral.templates.budget import latency_budget_ms
-
+def model_kv(scenario: Any, model: str) -> KvModel:
+    """How `model`'s KV transfer is charged (`coral.templates.budget.kv_model`, with the planner's
+    `first_token` mode). Memoized per scenario content."""
     key = (scenario_key(scenario), model)
-    hit = _LINKS.get(key)
-    if hit is not None:
-        return hit
-    served = scenario.model(model)
-    lengths = length_summary(scenario, model)
-    planner = scenario.planner
-    spec, layers = served.spec, served.spec.num_layers
-    price: dict[str, float] = {}
-    for (_, c), p in scenario.prices.items():
-        price[c] = min(p, price.get(c, math.inf))
-    fits = [c for c in scenario.configs if c.memory_bytes * planner_memory(scenario) >= spec.weights_bytes and c.name in price]
-    q_shape = Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=lengths.prompt_q, output_tokens=0.0)
-    w_shape = Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=lengths.prompt_work, output_tokens=0.0)
-    ttft_budget = latency_budget_ms(served.slo, Phase.PREFILL, ttft_headroom=planner.ttft_headroom,
-                                    tpot_headroom=planner.tpot_headroom) / 1e3
-
-    def node_s(c: NodeConfig, shape: Shape) -> float:
-        return scenario.perf.node_time_s(c, spec, shape, layers, first=True, last=True)
-
-    pre = {c.name: price[c.name] * node_s(c, w_shape) / lengths.prompt_work for c in fits
-           if node_s(c, q_shape) <= ttft_budget}
-
-    def estimate(floor_gbps: float, transfer_ms: float) -> float:
-        budget = (served.slo.tpot_ms * planner.tpot_headroom - transfer_ms) / 1e3
-        usable = [c for c in fits if c.network_gbps >= floor_gbps]
-        dec = math.inf
-        for c in usable:
-            for b in sorted(planner.batch_grid, reverse=True):
-                t = node_s(c, Shape(phase=Phase.DECODE, batch=b, prompt_tokens=lengths.prompt_mean,
-                                    output_tokens=lengths.output_mean))
-                if t <= budget:
-                    dec = min(dec, price[c.name] * t / b)
-                    break
-        p = min((pre[c.name] for c in usable if c.name in pre), default=math.inf)
-        return served.demand_tok_per_s(Phase.PREFILL) * p + served.demand_tok_per_s(Phase.DECODE) * dec
-
-    link = kv_link(spec, lengths, served.slo, scenario.configs, planner.kv_share, cost=estimate)
-    if len(_LINKS) > 256:
-        _LINKS.clear()
-    _LINKS[key] = link
-    return link
+    hit = _KV.get(key)
+    if hit is None:
+        served = scenario.model(model)
+        if len(_KV) > 256:
+            _KV.clear()
+        hit = _KV[key] = kv_model(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
+                                  scenario.planner.first_token)
+    return hit
 
 
 def planner_memory(scenario: Any) -> float:
@@ -150,8 +111,9 @@ def planner_memory(scenario: Any) -> float:
 
 
 def model_configs(scenario: Any, model: str) -> tuple[NodeConfig, ...]:
-    """The configurations `model`'s templates may use (fast enough for its KV link)."""
-    return usable_configs(scenario.configs, model_kv_link(scenario, model))
+    """The configurations `model`'s templates may use: every one the scenario offers (each
+    template's own NIC times its KV transfer, `coral.templates.budget`)."""
+    return tuple(scenario.configs)
 
 
 def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
@@ -163,7 +125,7 @@ def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
     served = scenario.model(model)
     planner = scenario.planner
     return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
-                             tpot_headroom=planner.tpot_headroom, kv=model_kv_link(scenario, model))
+                             tpot_headroom=planner.tpot_headroom)
 
 
 def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, str, float]:

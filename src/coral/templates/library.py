@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from coral.catalog.hardware import NodeConfig
+from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
@@ -31,7 +31,7 @@ from coral.templates.problem import (
 from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/3"  # 3: budgets from coral.templates.budget, Θ on the length distribution
+LIBRARY_FORMAT = "coral-templates/4"  # 4: TP-group layouts, KV caps and per-layout KV latency
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -53,6 +53,13 @@ class TemplateSpec:
     batches: tuple[int, ...]
     work_prompt_tokens: float | None = None  # prefill: E[P²]/E[P], where Θ is measured (None: prompt_tokens)
     lengths: tuple[tuple[str, float], ...] = ()  # the length summary the spec came from (cache key)
+    # The KV transfer (coral.templates.budget.KvModel): bytes per prompt token, the prompt tokens
+    # of KV the latency check moves over the template's NIC, and those per work token its NICs move.
+    kv_bytes_per_token: float = 0.0
+    kv_latency_tokens: float = 0.0
+    kv_rate_tokens: float = 0.0
+    layouts: bool = True  # split nodes into TP groups (data-parallel engines or in-node pipeline stages)
+    max_entries: int = 8  # most stage entries (whole nodes or TP groups) one layout may expand to
 
     def cache_key(self, perf: PerfModel) -> str:
         payload = {
@@ -61,6 +68,8 @@ class TemplateSpec:
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
             "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
+            "kv": [self.kv_bytes_per_token, self.kv_latency_tokens, self.kv_rate_tokens],
+            "layouts": [self.layouts, self.max_entries],
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -87,33 +96,46 @@ class _Timings:
         self.o: dict[tuple[str, int], tuple[float, float, float, float]] = {}
         self.cap: dict[tuple[str, int, int], tuple[int, int, int, int]] = {}
         self.comm: dict[tuple[str, int], float] = {}
+        self.intra: dict[tuple[str, int], float] = {}
         self.u: dict[int, float] = {}
         m = spec.model
+        self.configs = {c.name: c for c in entry_configs(spec)}
+        depth = max(spec.n_max, spec.max_entries)
+        self.depth = depth
         for b in spec.batches:
             shape = Shape(phase=spec.phase, batch=b, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens)
             self.u[b] = shape.work_tokens
-            for c in spec.configs:
+            for c in self.configs.values():
                 self.t[(c.name, b)] = perf.layer_time_s(c, m, shape)
                 self.o[(c.name, b)] = tuple(  # type: ignore[assignment]
                     perf.stage_extra_s(c, m, shape, first=p in (FIRST, ONLY), last=p in (LAST, ONLY)) for p in POSITIONS)
                 self.comm[(c.name, b)] = perf.transfer_s(m, shape, c, c)
-                for s in range(1, spec.n_max + 1):
+                self.intra[(c.name, b)] = perf.intra_transfer_s(m, shape, c)
+                for s in range(1, depth + 1):
                     self.cap[(c.name, b, s)] = tuple(  # type: ignore[assignment]
                         perf.max_layers(c, m, shape, stages=s, first=p in (FIRST, ONLY), last=p in (LAST, ONLY))
                         for p in POSITIONS)
-        self.network = {c.name: c.network_bytes_per_s for c in spec.configs}
+        self.network = {n: c.network_bytes_per_s for n, c in self.configs.items()}
         self.curves: dict[tuple[object, ...], Any] = {}  # exact search's stage curves, shared
         # The same numbers as arrays for the compiled search: [batch, config(, position)] and
         # caps [batch, S-1, config, position] with decode's cadence folded in.
-        names = [c.name for c in spec.configs]
+        names = list(self.configs)
         self.index = {n: i for i, n in enumerate(names)}
         self.batch_arr = np.array(spec.batches, dtype=np.int64)
         self.work = np.array([self.u[b] for b in spec.batches], dtype=float)
         self.T = np.array([[self.t[(n, b)] for n in names] for b in spec.batches], dtype=float)
         self.O = np.array([[self.o[(n, b)] for n in names] for b in spec.batches], dtype=float)
         self.COMM = np.array([[self.comm[(n, b)] for n in names] for b in spec.batches], dtype=float)
-        self.CAP = np.array([[[self._caps(n, b, s) for n in names] for s in range(1, spec.n_max + 1)]
-                             for b in spec.batches], dtype=np.int64).reshape(len(spec.batches), spec.n_max, len(names), 4)
+        self.INTRA = np.array([[self.intra[(n, b)] for n in names] for b in spec.batches], dtype=float)
+        self.CAP = np.array([[[self._caps(n, b, s) for n in names] for s in range(1, depth + 1)]
+                             for b in spec.batches], dtype=np.int64).reshape(len(spec.batches), depth, len(names), 4)
+
+    def hop_s(self, nodes: Sequence[str], batch: int) -> float:
+        """One inter-stage hop of `nodes`: over the node's own GPU link when every entry is a TP
+        group of one node, else over the slowest entry's NIC (share)."""
+        if is_one_node(nodes):
+            return self.intra[(nodes[0], batch)]
+        return self.comm[(min(nodes, key=lambda n: self.network[n]), batch)]
 
     def _caps(self, name: str, batch: int, stages: int) -> tuple[int, int, int, int]:
         cap = self.cap[(name, batch, stages)]
@@ -122,13 +144,57 @@ class _Timings:
         return cap
 
     def problem(self, nodes: Sequence[str], stages: int, batch: int) -> PlacementProblem:
-        slowest = min(nodes, key=lambda n: self.network[n])
         caps = [self._caps(n, batch, stages) for n in nodes]
         return PlacementProblem(
             num_layers=self.spec.model.num_layers, stages=stages, batch=batch, nodes=tuple(nodes),
             t=tuple(self.t[(n, batch)] for n in nodes), o=tuple(self.o[(n, batch)] for n in nodes),
             cap=tuple(caps), u=self.u[batch],
-            budget_s=self.spec.budget_ms / 1e3, comm_s=self.comm[(slowest, batch)] if stages > 1 else 0.0)
+            budget_s=self.spec.budget_ms / 1e3, comm_s=self.hop_s(nodes, batch) if stages > 1 else 0.0)
+
+
+def is_one_node(entries: Sequence[str]) -> bool:
+    """Whether `entries` are all TP groups of a single node (`4xL40S/tp1` x at most 4)."""
+    first = entries[0]
+    node, tp = split_group_name(first)
+    if tp is None or any(e != first for e in entries):
+        return False
+    return len(entries) <= int(node.split("x", 1)[0]) // tp
+
+
+def entry_configs(spec: TemplateSpec) -> list[NodeConfig]:
+    """The spec's whole nodes and, with layouts on, every TP group of them the model accepts."""
+    out = list(spec.configs)
+    if spec.layouts:
+        for c in spec.configs:
+            out += [c.group(t) for t in spec.model.valid_tp(c.count) if t < c.count]
+    return out
+
+
+def layouts_of(spec: TemplateSpec, nodes: Sequence[str]) -> list[tuple[str, ...]]:
+    """The stage entries `nodes` (a multiset of whole nodes) can expand to: each configuration of
+    the multiset runs one TP degree the model accepts (all its nodes alike), and a node of `n`
+    GPUs at degree `t` becomes `n / t` entries; whole nodes first. Layouts with more than
+    `max_entries` entries are left out (the search grows with them), the whole-node one never."""
+    configs = {c.name: c for c in spec.configs}
+    kinds = sorted(set(nodes))
+    options = []
+    for k in kinds:
+        c = configs[k]
+        degrees = sorted(spec.model.valid_tp(c.count), reverse=True) if spec.layouts else [c.count]
+        if spec.model.tp_problem(c.count) is not None and spec.layouts:
+            degrees = [t for t in degrees if t < c.count]  # vLLM refuses the whole node's degree
+        options.append(degrees or [c.count])
+    out = []
+    for combo in itertools.product(*options):
+        entries: list[str] = []
+        for k, t in zip(kinds, combo, strict=True):
+            c = configs[k]
+            name = c.group(t).name
+            entries += [name] * (nodes.count(k) * (c.count // t))
+        if len(entries) > max(spec.max_entries, len(nodes)):
+            continue
+        out.append(tuple(sorted(entries)))
+    return out
 
 
 def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
@@ -144,7 +210,7 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     from coral.templates import kernel  # the solvers load only when something is solved
     from coral.templates.exact import solve_exact
 
-    if solver is None and kernel.enabled() and len(nodes) <= timings.spec.n_max:
+    if solver is None and kernel.enabled() and len(nodes) <= timings.depth:
         return _solve_multiset_jit(timings, nodes, floor)
     local: dict[int, dict[tuple[object, ...], Any]] = {}  # per micro-batch: slot tables across depths
 
@@ -252,11 +318,12 @@ def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -
     counts = tuple(len(g) for g in groups)
     blocks, rows_all, row_off, keys = kernel.structure(counts, len(nodes))
     slowest = timings.index[min(nodes, key=lambda n: timings.network[n])]
+    hops = (timings.INTRA if is_one_node(nodes) else timings.COMM)[:, slowest].copy()
     js = np.zeros(len(nodes), dtype=np.int64)
     _, stages, bi, row = kernel.solve_multiset(
         timings.spec.model.num_layers, timings.spec.budget_ms / 1e3, float(floor),
         np.array([timings.index[n] for n in names], dtype=np.int64), np.array(counts, dtype=np.int64),
-        timings.batch_arr, timings.work, timings.T, timings.O, timings.CAP, timings.COMM[:, slowest].copy(),
+        timings.batch_arr, timings.work, timings.T, timings.O, timings.CAP, hops,
         blocks, rows_all, row_off, js)
     if stages < 0:
         return None
@@ -269,7 +336,7 @@ def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -
 
 def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:
     """All multisets of at most `n_max` nodes, and those whose GPU memory is within
-    `[weights, rho × weights]`, smallest first."""
+    `[weights, rho × weights]` (one node: only the lower bound), smallest first."""
     names = sorted(c.name for c in configs)
     mem = {c.name: c.memory_bytes for c in configs}
     lo, hi = model.weights_bytes, rho * model.weights_bytes
@@ -278,40 +345,91 @@ def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: 
         for combo in itertools.combinations_with_replacement(names, size):
             total += 1
             m = sum(mem[n] for n in combo)
-            if lo <= m <= hi:
+            if lo <= m and (m <= hi or size == 1):  # one node is what is rented anyway (its layout splits it)
                 ok.append(combo)
     return total, ok
+
+
+class _Solver:
+    """Solves one physical multiset of a spec over its layouts, with each layout's KV transfer
+    taken off the latency budget and its NICs capping the throughput (`coral.templates.budget`)."""
+
+    def __init__(self, perf: PerfModel, spec: TemplateSpec) -> None:
+        self.perf, self.spec = perf, spec
+        self.configs = {c.name: c for c in entry_configs(spec)}
+        self.realized = _realized_throughput(perf, spec)
+        self._timings: dict[float, _Timings] = {}
+
+    def timings(self, budget_ms: float) -> _Timings:
+        key = round(budget_ms, 3)
+        hit = self._timings.get(key)
+        if hit is None:
+            hit = self._timings[key] = _Timings(self.perf, dataclasses.replace(self.spec, budget_ms=key))
+        return hit
+
+    def kv_latency_ms(self, entries: Sequence[str]) -> float:
+        """The quantile request's KV over the slowest node of `entries` (a transfer has its node's
+        whole NIC; concurrent ones are what `kv_cap` bounds)."""
+        if not (self.spec.kv_latency_tokens and self.spec.kv_bytes_per_token):
+            return 0.0
+        nic = min(self.configs[e].network_bytes_per_s * self.configs[e].groups_per_node for e in entries)
+        nbytes = self.spec.kv_latency_tokens * self.spec.kv_bytes_per_token
+        return (nbytes / nic + self.perf.system.network_latency_s) * 1e3
+
+    def kv_cap(self, placement: Placement) -> float:
+        """The work tokens/s the stages' NICs can move KV for: every stage sends (prefill) or
+        receives (decode) its layers' share, over the NIC shares of its entries."""
+        per_token = self.spec.kv_rate_tokens * self.spec.kv_bytes_per_token
+        if not per_token:
+            return float("inf")
+        L = self.spec.model.num_layers
+        return min(sum(self.configs[n].network_bytes_per_s for n in st.nodes) / (per_token * st.layers / L)
+                   for st in placement.stages)
+
+    def solve(self, nodes: tuple[str, ...], floor: float) -> tuple[Placement, float] | None:
+        """The best (placement, Θ) of `nodes` over its layouts that beats `floor`, or None."""
+        best: tuple[Placement, float] | None = None
+        for entries in layouts_of(self.spec, nodes):
+            budget = self.spec.budget_ms - self.kv_latency_ms(entries)
+            if budget <= 0:
+                continue
+            placement = solve_multiset(self.timings(budget), entries, floor)
+            if placement is None:
+                continue
+            theta = min(self.realized(entries, placement), self.kv_cap(placement))
+            if theta > (best[1] if best else floor):
+                best = (placement, theta)
+        return best
 
 
 _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(spec: TemplateSpec, perf: PerfModel) -> None:
-    _WORKER["timings"] = _Timings(perf, spec)
+    _WORKER["solver"] = _Solver(perf, spec)
 
 
-def _solve_chunk(chunk: list[tuple[tuple[str, ...], float]]) -> list[Placement | None]:
-    timings = _WORKER["timings"]
-    return [solve_multiset(timings, nodes, floor) for nodes, floor in chunk]
+def _solve_chunk(chunk: list[tuple[tuple[str, ...], float]]) -> list[tuple[Placement, float] | None]:
+    solver = _WORKER["solver"]
+    return [solver.solve(nodes, floor) for nodes, floor in chunk]
 
 
 def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None = None,
               jobs: int = 1) -> tuple[list[Template], LibraryStats]:
-    """Solve every multiset of one (model, phase), pruning by dominance on the way, and keep the
-    non-dominated feasible templates.
+    """Solve every multiset of one (model, phase) over its layouts, pruning by dominance on the
+    way, and keep the non-dominated feasible templates.
 
-    Multisets are solved by size, smallest first; each one's floor is the best throughput of its
+    Multisets are solved by size, smallest first; each one's floor is the best Θ of its
     sub-multisets (found at the previous sizes), so the multisets of one size are independent and
     run in `jobs` processes.
     """
     start = time.perf_counter()
-    timings = _Timings(perf, spec)
-    realized = _realized_throughput(perf, spec)
+    solver = _Solver(perf, spec)
     total, candidates = enumerate_multisets(spec.configs, spec.model, spec.n_max, spec.rho)
     by_size: dict[int, list[tuple[str, ...]]] = {}
     for nodes in candidates:
         by_size.setdefault(len(nodes), []).append(nodes)
-    best_sub: dict[tuple[str, ...], float] = {}  # best throughput of the multiset or any sub-multiset
+    best_sub: dict[tuple[str, ...], float] = {}  # best Θ of the multiset or any sub-multiset
     found: list[Template] = []
     done = 0
     pool = None
@@ -331,7 +449,7 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
                                                   initializer=_init_worker, initargs=(spec, perf))
                 step = max(16, len(tasks) // (jobs * 8))
                 chunks = [tasks[i:i + step] for i in range(0, len(tasks), step)]
-                results: list[Placement | None] = []
+                results: list[tuple[Placement, float] | None] = []
                 for part in pool.map(_solve_chunk, chunks):
                     results.extend(part)
                     done += len(part)
@@ -340,17 +458,17 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
             else:
                 results = []
                 for nodes, floor in tasks:
-                    results.append(solve_multiset(timings, nodes, floor))
+                    results.append(solver.solve(nodes, floor))
                     done += 1
                     if progress and (done % 50 == 0 or done == len(candidates)):
                         progress(done, len(candidates))
-            for (nodes, floor), placement in zip(tasks, results, strict=True):
-                if placement is not None:
+            for (nodes, floor), got in zip(tasks, results, strict=True):
+                if got is not None:
+                    placement, theta = got
                     found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms,
                                           budget_ms=spec.budget_ms, nodes=nodes, placement=placement,
-                                          prompt_tokens=spec.prompt_tokens,
-                                          realized_tok_per_s=realized(nodes, placement)))
-                    best_sub[nodes] = placement.throughput_tok_per_s
+                                          prompt_tokens=spec.prompt_tokens, realized_tok_per_s=theta))
+                    best_sub[nodes] = theta
                 else:
                     best_sub[nodes] = floor
     finally:
@@ -374,7 +492,7 @@ def _realized_throughput(perf: PerfModel, spec: TemplateSpec) -> Callable[[tuple
       that lower figure, which is what the simulator and an engine deliver.
     """
     work = spec.work_prompt_tokens if spec.phase is Phase.PREFILL and spec.work_prompt_tokens else spec.prompt_tokens
-    configs = {c.name: c for c in spec.configs}
+    configs = {c.name: c for c in entry_configs(spec)}
     memo: dict[tuple[str, int, int, int, int], float] = {}
 
     def node_s(name: str, batch: int, layers: int, stage: int, stages: int) -> float:
@@ -482,13 +600,13 @@ def check_multiset(nodes: Sequence[str], n_max: int) -> None:
 def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
               models: Sequence[str] | None = None, phases: Sequence[Phase] | None = None) -> list[TemplateSpec]:
     """One TemplateSpec per (model, phase) of a resolved scenario: the latency budget, the lengths
-    and the configurations come from `coral.templates.budget` and the model's traffic sample.
+    and the KV model come from `coral.templates.budget` and the model's traffic sample.
 
     Raises:
-        CoralError: a model whose KV transfer leaves no decode budget, or whose traffic can't be read.
+        CoralError: a model whose traffic can't be read.
     """
-    from coral.scenario.traffic import length_summary, model_kv_link
-    from coral.templates.budget import latency_budget_ms, usable_configs
+    from coral.scenario.traffic import length_summary, model_kv
+    from coral.templates.budget import latency_budget_ms
 
     planner = scenario.planner
     out = []
@@ -496,26 +614,21 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
         if models and m.name not in models:
             continue
         lengths = length_summary(scenario, m.name)
-        kv = model_kv_link(scenario, m.name)
-        configs = usable_configs(scenario.configs, kv)
+        kv = model_kv(scenario, m.name)
         for phase in phases or (Phase.PREFILL, Phase.DECODE):
             budget = latency_budget_ms(m.slo, phase, ttft_headroom=planner.ttft_headroom,
-                                       tpot_headroom=planner.tpot_headroom, kv=kv)
-            if not budget > 0:
-                raise CoralError(
-                    f"model {m.name}: the p{lengths.quantile * 100:g} request's KV transfer takes "
-                    f"{kv.per_output_token_ms:.3g} ms per output token even over {kv.floor_gbps:g} Gbps NICs, the "
-                    f"fastest offered, leaving no decode budget in the {m.tpot_ms:g} ms TPOT; relax tpot_ms, lower "
-                    "slo_attainment or offer nodes with faster NICs")
+                                       tpot_headroom=planner.tpot_headroom)
             batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
             prefill = phase is Phase.PREFILL
             out.append(TemplateSpec(
                 model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), budget_ms=budget,
                 prompt_tokens=lengths.prompt_q if prefill else lengths.prompt_mean,
-                output_tokens=lengths.output_mean, configs=configs, n_max=n_max or planner.n_max,
+                output_tokens=lengths.output_mean, configs=tuple(scenario.configs), n_max=n_max or planner.n_max,
                 rho=rho or planner.rho, batches=batches or (1,),
                 work_prompt_tokens=lengths.prompt_work if prefill else None,
-                lengths=tuple(sorted(lengths.key().items()))))
+                lengths=tuple(sorted(lengths.key().items())),
+                kv_bytes_per_token=kv.bytes_per_token, kv_latency_tokens=kv.latency_tokens(phase),
+                kv_rate_tokens=kv.rate_tokens(phase)))
     return out
 
 

@@ -56,6 +56,13 @@ class Template:
     def key(self) -> str:
         return f"{self.model}/{self.phase.value}/" + "+".join(self.nodes)
 
+    @property
+    def entries(self) -> tuple[str, ...]:
+        """The stage entries (whole nodes, or TP groups of them: `NodeConfig.group`) in the order
+        the placement problem numbers them (`Stage.node_index`)."""
+        out = {k: name for st in self.placement.stages for name, k in zip(st.nodes, st.node_index, strict=True)}
+        return tuple(out[k] for k in sorted(out))
+
     def hosts(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, per entry: the index into `nodes` of the node that entry runs on.
 

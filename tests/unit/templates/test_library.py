@@ -9,6 +9,7 @@ from coral.scenario import load_scenario
 from coral.templates import kernel
 from coral.templates.exact import solve_exact, solve_exact_numpy
 from coral.templates.library import (
+    _Solver,
     _Timings,
     build_library,
     enumerate_multisets,
@@ -32,7 +33,9 @@ def test_enumeration_counts(core):
     assert total == 18_563
     lo, hi = spec.model.weights_bytes, 12 * spec.model.weights_bytes
     mem = {c.name: c.memory_bytes for c in core.configs}
-    assert all(lo <= sum(mem[n] for n in m) <= hi for m in ok)
+    assert all(lo <= sum(mem[n] for n in m) and (sum(mem[n] for n in m) <= hi or len(m) == 1) for m in ok)
+    _, tight = enumerate_multisets(core.configs, spec.model, 6, 2.0)  # one big node is kept: its layout splits it
+    assert any(len(m) == 1 and sum(mem[n] for n in m) > 2 * lo for m in tight)
 
 
 def test_build_small_library_and_cache(core, tmp_path):
@@ -43,7 +46,10 @@ def test_build_small_library_and_cache(core, tmp_path):
     for t in lib.templates:  # every template re-verifies against the perf model
         m = core.model(t.model)
         spec = next(s for s in specs_for(core) if s.model.name == t.model and s.phase == t.phase)
-        p = _Timings(core.perf, spec).problem(t.nodes, len(t.placement.stages), t.placement.micro_batch)
+        # re-solved over its own stage entries, at the budget its KV transfer left
+        solver = _Solver(core.perf, spec)
+        timings = solver.timings(spec.budget_ms - solver.kv_latency_ms(t.entries))
+        p = timings.problem(t.entries, len(t.placement.stages), t.placement.micro_batch)
         best = solve_exact(p)
         assert best is not None and best.throughput_tok_per_s == pytest.approx(t.placement.throughput_tok_per_s)
         # the latency holds against the budget derived from the SLO, which is below the SLO itself
