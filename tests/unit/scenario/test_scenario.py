@@ -25,7 +25,7 @@ def test_helix_builtin_resolves(data_dir):  # its perf model reads Helix's measu
 
 
 def test_demand():
-    m = load_scenario("core").model("qwen3-32b")
+    m = load_scenario("core").model("gpt-oss-20b")  # azure-code, as in the paper's Table 3
     # the raw demand: 10 req/s * 2047.8 prompt tokens (the capacity planned for it is the queueing model's)
     assert m.demand_tok_per_s(Phase.PREFILL) == pytest.approx(10 * 2047.8)
     assert m.slo.attainment == 0.95
