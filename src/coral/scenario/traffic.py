@@ -2,7 +2,6 @@
 (its "history"), the length summary at the attainment quantile and the KV model (DESIGN §4a)."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from coral.catalog.hardware import NodeConfig

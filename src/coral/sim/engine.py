@@ -23,6 +23,7 @@ from coral.policy.routing import (
     choose_decode,
     least_work,
 )
+from coral.scenario.traffic import model_kv
 from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
 from coral.templates.template import Template
@@ -61,12 +62,29 @@ class _Host:
         self.busy: dict[_Node, None] = {}  # insertion-ordered, so re-planning is deterministic
 
 
-class _Node:
-    __slots__ = ("busy", "busy_s", "cfg", "host", "inst", "lane", "queue", "rem", "since", "started_at", "version")
+# vLLM's default --max-num-seqs: the most sequences one engine schedules in a step.
+MAX_RUNNING_SEQS = 256
 
-    def __init__(self, cfg: object, inst: _Instance) -> None:
+
+class _Nic:
+    """One rented node's NIC: KV transfers through it go one after another (FIFO), each at the
+    slower of its two ends' full baseline; the TP groups of a node share it."""
+
+    __slots__ = ("bytes_per_s", "free_at")
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.free_at = 0.0
+
+
+class _Node:
+    __slots__ = ("busy", "busy_s", "cfg", "host", "inst", "lane", "nic", "queue", "rem", "since", "started_at",
+                 "version")
+
+    def __init__(self, cfg: object, inst: _Instance, nic: _Nic | None = None) -> None:
         self.cfg = cfg
         self.inst = inst
+        self.nic = nic or _Nic(cfg.network_bytes_per_s * getattr(cfg, "groups_per_node", 1))  # type: ignore[attr-defined]
         self.busy = False
         self.started_at = 0.0
         self.busy_s = 0.0
@@ -83,12 +101,14 @@ class _Node:
 class _Batch:
     """One micro-batch: a prefill pass, or a decode lane (which makes one pass per step)."""
 
-    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "rids", "running", "shape", "stage", "steps", "t0")
+    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "path", "rids", "running", "shape", "stage", "steps",
+                 "t0")
 
     def __init__(self, inst: _Instance, lane: int) -> None:
         self.inst = inst
         self.lane = lane
         self.rids: dict[int, None] = {}
+        self.path: list[_Node] = []  # prefill: the node each stage of this pass ran on (each sends its KV)
         self.stage = 0
         self.shape: Shape | None = None
         self.key: tuple[object, ...] = ()
@@ -101,6 +121,7 @@ class _Batch:
 
 class _Instance:
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
+                 "seq_cap",
                  "region", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
                  "state", "stop_s",
                  "weight")
@@ -115,6 +136,7 @@ class _Instance:
         self.region = spec.region
         self.weight = t.throughput_tok_per_s
         self.b = t.placement.micro_batch
+        self.seq_cap = self.b  # decode: sequences one lane runs (continuous batching raises it to memory)
         self.start_s = start_s
         self.ready_s = ready_s
         self.stop_s = math.inf
@@ -127,8 +149,10 @@ class _Instance:
         self.stage_layers: list[int] = []
         self.stage_wrr: list[SmoothWRR] = []
         self.stage_weights: list[list[float]] = []
-        for st in t.placement.stages:
-            self.stages.append([_Node(config_of(name), self) for name in st.nodes])
+        # Every stage entry (a whole node or one TP group of it) on the node `Template.hosts` names.
+        nics = [_Nic(config_of(n).network_bytes_per_s) for n in t.nodes]  # type: ignore[attr-defined]
+        for st, hosts in zip(t.placement.stages, t.hosts(), strict=True):
+            self.stages.append([_Node(config_of(name), self, nics[h]) for name, h in zip(st.nodes, hosts, strict=True)])
             self.stage_layers.append(st.layers)
             # Replaced by weights ∝ node throughput in `_Sim.start_instance` (needs the perf model).
             self.stage_wrr.append(SmoothWRR([1.0] * len(st.nodes)))
@@ -158,6 +182,7 @@ class _Sim:
         self.step_trace: Callable[[tuple[Any, ...]], None] | None = None
         self.router = "least-work"
         self.hosts: Hosts | None = None
+        self.continuous = True  # decode lanes admit sequences up to memory (`_seq_cap`), not the micro-batch
         self._hosts: dict[str, _Host] = {}
         self._fe: _Node | None = None  # the front end's pseudo-node (Hosts.frontend_work)
         self.fe_request = self.fe_token = 0.0
@@ -178,6 +203,10 @@ class _Sim:
         self.models = [m.name for m in scenario.models]  # type: ignore[attr-defined]
         self.midx = {m: i for i, m in enumerate(self.models)}
         self.specs = [m.spec for m in scenario.models]  # type: ignore[attr-defined]
+        self.kv_bytes = [m.num_layers * m.kv_bytes_per_token_layer for m in self.specs]
+        # Which instance emits each model's first token: the planner's rule (coral.templates.budget).
+        self.first_at_decode = [model_kv(scenario, m.name).first_token == "decode"
+                                for m in scenario.models]  # type: ignore[attr-defined]
         for name in traces:
             if name not in self.midx:
                 raise CoralError(f"trace for unknown model {name!r}; scenario models: {', '.join(self.models)}")
@@ -193,7 +222,7 @@ class _Sim:
         self.prefill_wrr: list[SmoothWRR | None] = [None] * len(self.models)
         self.decode_states: list[dict[tuple[int, ...], WrrState]] = [{} for _ in self.models]
         self.pending_prefill: list[deque[int]] = [deque() for _ in self.models]
-        self.pending_decode: list[deque[tuple[int, _Node]]] = [deque() for _ in self.models]
+        self.pending_decode: list[deque[tuple[int, tuple[_Node, ...]]]] = [deque() for _ in self.models]
         self.epochs: list[EpochRecord] = []
         self.n_arrived = 0
         self.n_done = 0
@@ -315,6 +344,8 @@ class _Sim:
         # attainment-quantile prompt), so that many tokens: any batch within it meets that latency.
         if self.prefill_batching == "tokens":
             inst.token_budget = inst.b * max(1.0, prompt)
+        if self.continuous and inst.phase is Phase.DECODE:
+            inst.seq_cap = self._seq_cap(inst, served)
         last = len(inst.stages) - 1
         for s, nodes in enumerate(inst.stages):
             if len(nodes) > 1:  # weights ∝ node throughput u/τ_k at the template's nominal shape
@@ -325,6 +356,26 @@ class _Sim:
         self.instances.append(inst)
         self.push(ready_s, _READY, inst)
         return inst
+
+    def _seq_cap(self, inst: _Instance, served: Any) -> int:
+        """Sequences one decode lane admits under continuous batching (as vLLM does, up to
+        `MAX_RUNNING_SEQS`): what the KV memory left by each stage entry's weights holds at the
+        model's mean context, shared by the lanes, never below the template's micro-batch.
+        Steps slow down with the batch (the perf model times each step at its own size), so a
+        burst costs TPOT instead of waiting for a slot."""
+        spec = self.specs[inst.midx]
+        ctx = spec.effective_context(served.prompt_tokens_mean + served.output_tokens_mean)
+        util = self.perf.system.memory_utilization
+        seqs = math.inf
+        last = len(inst.stages) - 1
+        for s, nodes in enumerate(inst.stages):
+            j = inst.stage_layers[s]
+            extra = (spec.embedding_bytes if s == 0 else 0.0) + (spec.lm_head_bytes if s == last else 0.0)
+            for n in nodes:
+                free = n.cfg.memory_bytes * util - j * spec.layer_weight_bytes - extra  # type: ignore[attr-defined]
+                seqs = min(seqs, free / (j * ctx * spec.kv_bytes_per_token_layer))
+        per_lane = int(seqs // inst.max_lanes) if math.isfinite(seqs) else inst.b
+        return max(inst.b, min(MAX_RUNNING_SEQS, per_lane))
 
     def _host(self, name: str, now: float) -> _Host:
         """The host named `name`, created on first use with its background steps."""
@@ -578,6 +629,10 @@ class _Sim:
     def _finish(self, t: float, node: _Node, lane: _Batch) -> None:
         node.busy_s += t - node.started_at
         node.busy = False
+        if lane.inst.phase is Phase.PREFILL:
+            if lane.stage == 0:
+                lane.path.clear()
+            lane.path.append(node)
         if node.queue:
             self._node_arrive(t, node, node.queue.popleft())
         inst = lane.inst
@@ -586,10 +641,13 @@ class _Sim:
             lane.stage = s + 1
             nodes = inst.stages[s + 1]
             nxt = self._pick_node(inst, s + 1) if len(nodes) > 1 else nodes[0]
-            key = (node.cfg, nxt.cfg, inst.midx, lane.key)
+            local = node.nic is nxt.nic  # two engines of one node: over its GPU link
+            key = (node.cfg, nxt.cfg, inst.midx, lane.key, local)
             x = self._xfer_cache.get(key)
             if x is None:
-                x = self._xfer_cache[key] = self.perf.transfer_s(self.specs[inst.midx], lane.shape, node.cfg, nxt.cfg)
+                spec = self.specs[inst.midx]
+                x = self._xfer_cache[key] = (self.perf.intra_transfer_s(spec, lane.shape, node.cfg) if local
+                                             else self.perf.transfer_s(spec, lane.shape, node.cfg, nxt.cfg))
             self.push(t + x, _NODE_ARRIVE, nxt, lane)
         elif inst.phase is Phase.PREFILL:
             self._prefill_done(t, node, lane)
@@ -606,8 +664,11 @@ class _Sim:
         inst.idle_lanes += 1
         if self.fe_token:  # off (0) unless Hosts.frontend_work: keeps the hot path free
             self._frontend_work(t, self.fe_token * len(rids))
+        at_decode = self.first_at_decode[inst.midx]
+        path = tuple(lane.path)
         for rid in rids:
-            self.r_first[rid] = t
+            if not at_decode or self.r_out[rid] <= 1:
+                self.r_first[rid] = t
             inst.load -= self.r_prompt[rid]
             if self.r_out[rid] <= 1:
                 if self.r_dinst[rid] >= 0:  # assigned at arrival, never decodes
@@ -615,24 +676,26 @@ class _Sim:
                 self._complete(t, rid)
             else:
                 self.r_status[rid] = _DECODE
-                self._route_decode(t, rid, node)
+                self._route_decode(t, rid, path)
         self._release(t, inst, len(rids))
         if inst.queue:
             self._start_prefill(t, inst)
 
-    def _route_decode(self, t: float, rid: int, src: _Node) -> None:
+    def _route_decode(self, t: float, rid: int, path: tuple[_Node, ...]) -> None:
+        """Send `rid`'s KV from the prefill nodes of `path` (one per stage) to a decode instance."""
+        src = path[-1]
         m = self.r_model[rid]
         act = self.active[m][1]
         pre = self.r_dinst[rid]
         if pre >= 0:  # assigned at arrival (`decode_at_arrival`)
             dst = self.instances[pre]
             if dst.state is Lifecycle.ACTIVE or dst.state is Lifecycle.DRAINING:
-                self._send_kv(t, rid, src, dst)
+                self._send_kv(t, rid, path, dst)
                 return
             self.r_dinst[rid] = -1
             self._release(t, dst, 1)
         if not act:
-            self.pending_decode[m].append((rid, src))
+            self.pending_decode[m].append((rid, path))
             return
         if self.router == "wrr":
             cands = [Candidate(id=k, region=i.region, weight=i.weight) for k, i in enumerate(act)]
@@ -644,21 +707,30 @@ class _Sim:
             dst = group[least_work([i.held for i in group], [i.b * i.max_lanes for i in group], 1.0)]
         self.r_dinst[rid] = dst.id
         dst.held += 1
-        self._send_kv(t, rid, src, dst)
+        self._send_kv(t, rid, path, dst)
 
-    def _send_kv(self, t: float, rid: int, src: _Node, dst: _Instance) -> None:
+    def _send_kv(self, t: float, rid: int, path: tuple[_Node, ...], dst: _Instance) -> None:
+        """Each prefill stage's node sends its layers' share of the KV over the slower of its NIC
+        and the decode placement's slowest; a NIC carries one transfer at a time, so transfers
+        through it queue (FIFO). The KV has arrived when the last share has."""
         m = self.r_model[rid]
-        # The KV is re-sharded by layer onto the decode nodes; time it over the slowest NIC of
-        # the decode placement (every decode node receives its layers' share in parallel).
-        dcfg = min((n.cfg for st in dst.stages for n in st), key=lambda c: c.network_bytes_per_s)  # type: ignore[attr-defined]
-        key = (src.cfg, dcfg, m, self.r_prompt[rid])
-        x = self._xfer_cache.get(key)
-        if x is None:
-            x = self._xfer_cache[key] = self.perf.kv_transfer_s(self.specs[m], self.r_prompt[rid], src.cfg, dcfg)
-        self.push(t + x, _KV_ARRIVE, dst, rid)
+        dnic = min((n.nic for st in dst.stages for n in st), key=lambda x: x.bytes_per_s)
+        nbytes = self.r_prompt[rid] * self.kv_bytes[m]
+        layers = path[0].inst.stage_layers
+        total = sum(layers)
+        arrive = t
+        for node, j in zip(path, layers, strict=True):
+            snic = node.nic
+            start = max(t, snic.free_at, dnic.free_at)
+            done = start + nbytes * j / total / min(snic.bytes_per_s, dnic.bytes_per_s)
+            snic.free_at = dnic.free_at = done
+            arrive = max(arrive, done)
+        self.push(arrive + self.perf.system.network_latency_s, _KV_ARRIVE, dst, rid)
 
     def _kv_arrive(self, t: float, inst: _Instance, rid: int) -> None:
         self.r_kv[rid] = t
+        if self.first_at_decode[inst.midx]:  # the decode instance emits the first token (vLLM's P/D)
+            self.r_first[rid] = t
         inst.queue.append(rid)
         if not self.spread:
             if inst.idle_lanes:
@@ -677,7 +749,7 @@ class _Sim:
         inst = lane.inst
         queue = inst.queue
         rids = lane.rids
-        room = inst.b - len(rids)
+        room = inst.seq_cap - len(rids)
         if self.spread:
             room = min(inst.b, cap if cap is not None else self._spread_cap(inst)) - len(rids)
         while room > 0 and queue:

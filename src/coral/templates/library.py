@@ -31,7 +31,7 @@ from coral.templates.problem import (
 from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/4"  # 4: TP-group layouts, KV caps and per-layout KV latency
+LIBRARY_FORMAT = "coral-templates/5"  # 5: TP-group layouts, per-entry KV caps and per-layout KV latency
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -376,15 +376,21 @@ class _Solver:
         nbytes = self.spec.kv_latency_tokens * self.spec.kv_bytes_per_token
         return (nbytes / nic + self.perf.system.network_latency_s) * 1e3
 
-    def kv_cap(self, placement: Placement) -> float:
+    def kv_cap(self, placement: Placement, timings: _Timings) -> float:
         """The work tokens/s the stages' NICs can move KV for: every stage sends (prefill) or
-        receives (decode) its layers' share, over the NIC shares of its entries."""
+        receives (decode) its layers' share; an entry of a stage takes the stage's traffic in
+        proportion to its speed (as the routers split it), over its own NIC share."""
         per_token = self.spec.kv_rate_tokens * self.spec.kv_bytes_per_token
         if not per_token:
             return float("inf")
-        L = self.spec.model.num_layers
-        return min(sum(self.configs[n].network_bytes_per_s for n in st.nodes) / (per_token * st.layers / L)
-                   for st in placement.stages)
+        L, b = self.spec.model.num_layers, placement.micro_batch
+        cap = float("inf")
+        for st in placement.stages:
+            speed = [1.0 / timings.t[(n, b)] for n in st.nodes]
+            for n, v in zip(st.nodes, speed, strict=True):
+                share = v / sum(speed)
+                cap = min(cap, self.configs[n].network_bytes_per_s / (share * per_token * st.layers / L))
+        return cap
 
     def solve(self, nodes: tuple[str, ...], floor: float) -> tuple[Placement, float] | None:
         """The best (placement, Θ) of `nodes` over its layouts that beats `floor`, or None."""
@@ -393,10 +399,11 @@ class _Solver:
             budget = self.spec.budget_ms - self.kv_latency_ms(entries)
             if budget <= 0:
                 continue
-            placement = solve_multiset(self.timings(budget), entries, floor)
+            timings = self.timings(budget)
+            placement = solve_multiset(timings, entries, floor)
             if placement is None:
                 continue
-            theta = min(self.realized(entries, placement), self.kv_cap(placement))
+            theta = min(self.realized(entries, placement), self.kv_cap(placement, timings))
             if theta > (best[1] if best else floor):
                 best = (placement, theta)
         return best
