@@ -430,6 +430,54 @@ def bench_planner(quick: bool) -> None:
             f"{'-' if cg is None else f'{cg:.2%}'}", "<= 0.5 % each", ok_gap)
 
 
+def bench_plans(quick: bool) -> None:
+    """Issue 25's targets on the plans themselves: GPUs rented, heterogeneous instances, Homo's
+    cost against Coral's (plan), no TP degree vLLM refuses, and per (model, phase) the tok/s per
+    GPU of the templates the plan uses next to a single-GPU roofline estimate (>= 50 %)."""
+    from coral.allocator import allocate
+    from coral.cache import default_cache_dir
+    from coral.catalog.hardware import split_group_name
+    from coral.experiments.pipeline import prepare
+    from coral.perf.model import Phase
+    from coral.perf.roofline import single_gpu_roofline
+    from coral.scenario import load_scenario
+
+    for name in ("core",) if quick else ("core", "extended"):
+        s = load_scenario(name)
+        setup = prepare(s, jobs=2, cache_dir=default_cache_dir())
+        plan = allocate(s, setup.library, availability=setup.availability)
+        homo = allocate(s, setup.library, availability=setup.availability, method="homo")
+        gpus = sum(i.count * sum(s.config(n).count for n in i.template.nodes) for i in plan.instances)
+        het = sum(1 for i in plan.instances if len({s.config(n).gpu.name for n in i.template.nodes}) > 1)
+        row("plans", f"{name}: GPUs in Coral's first plan", gpus, "<= 40" if name == "core" else "",
+            gpus <= 40 if name == "core" else None, f"${plan.cost_usd_per_h:.2f}/h")
+        row("plans", f"{name}: heterogeneous instances", f"{het} of {len(plan.instances)}", "> 0", het > 0)
+        ratio = homo.cost_usd_per_h / plan.cost_usd_per_h if plan.cost_usd_per_h else float("nan")
+        row("plans", f"{name}: Homo / Coral plan cost", round(ratio, 3), "(simulated: >= 1.4 core, >= 2 ext)", None,
+            f"Homo ${homo.cost_usd_per_h:.2f}/h")
+        refused = [(i.model, e) for i in plan.instances + homo.instances for st in i.template.placement.stages
+                   for e in st.nodes if s.model(i.model).spec.tp_problem(s.config(e).count)]
+        row("plans", f"{name}: stage entries at a TP vLLM refuses", len(refused), "0", not refused,
+            "; ".join(f"{m} {e}" for m, e in refused[:3]))
+        for m in s.models:
+            for ph in (Phase.PREFILL, Phase.DECODE):
+                used = [i for i in plan.instances if i.model == m.name and i.phase is ph]
+                if not used:
+                    continue
+                toks = sum(i.count * i.template.throughput_tok_per_s for i in used)
+                n = sum(i.count * sum(s.config(e).count for e in i.template.entries) for i in used)
+                # the roofline of the GPU the plan uses most, at the templates' micro-batch and mean context
+                main = max(used, key=lambda i: i.count * len(i.template.entries))
+                gpu = s.config(main.template.entries[0]).gpu
+                est = single_gpu_roofline(m.spec, gpu, ph, batch=main.template.placement.micro_batch,
+                                          context=m.prompt_tokens_mean + m.output_tokens_mean / 2)
+                share = toks / n / est
+                layout = ",".join(sorted({split_group_name(e)[0] + (f"/tp{split_group_name(e)[1]}" if split_group_name(e)[1] else "")
+                                          for i in used for e in i.template.entries}))
+                row("plans", f"{name}: {m.name} {ph.value} tok/s per GPU ({gpu.name})", round(toks / n),
+                    ">= 50 % of roofline", share >= 0.5, f"roofline {est:,.0f} ({share:.0%}); {layout}")
+
+
 def _goal_ok(value: float, goal: str) -> bool | None:
     """Check a goal written as '<= 1 ms', '>= 0.8', '> 1.0' (unit words ignored)."""
     parts = goal.split()
@@ -476,7 +524,7 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "slo", "planner", "sim", "runtime", "chaos")
+SECTIONS = ("calibration", "exact", "library", "allocator", "plans", "slo", "planner", "sim", "runtime", "chaos")
 
 
 def main() -> None:
@@ -503,6 +551,8 @@ def main() -> None:
                 bench_library(args.quick, args.full)
             elif section == "allocator":
                 bench_allocator(args.quick)
+            elif section == "plans":
+                bench_plans(args.quick)
             elif section == "slo":
                 bench_helper("slo", "slo_bench", args.quick)
             elif section == "planner":

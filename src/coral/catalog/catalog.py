@@ -71,10 +71,17 @@ class Catalog:
         gpu_name = self.aliases.get(gpu, gpu)
         if gpu_name in self.gpus and count in (1, 2, 4, 8):
             # A shape no region sells (e.g. 2xL40S on AWS) is still a valid node; a scenario
-            # must price it. Its network is that of the nearest sold shape of the same GPU.
+            # must price it. It is a part of the nearest larger sold node of the same GPU (as its
+            # derived price is), so it gets that node's NIC share; with none larger, the nearest
+            # smaller node's NIC.
             sold = sorted((c.count, c.network_gbps) for c in self.configs.values() if c.gpu.name == gpu_name)
-            nearest = min(sold, key=lambda s: (abs(s[0] - count), -s[0]))[1] if sold else DEFAULT_NETWORK_GBPS
-            return NodeConfig(gpu=self.gpus[gpu_name], count=count, network_gbps=nearest)
+            larger = [x for x in sold if x[0] > count]
+            if larger:
+                n, gbps = larger[0]
+                nic = gbps * count / n
+            else:
+                nic = sold[-1][1] if sold else DEFAULT_NETWORK_GBPS
+            return NodeConfig(gpu=self.gpus[gpu_name], count=count, network_gbps=nic)
         raise unknown("configuration", name, self.configs)
 
     def check_region(self, region: str) -> str:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from coral.catalog.catalog import builtin_links
-from coral.catalog.hardware import LinkFit, NodeConfig
+from coral.catalog.hardware import GpuType, LinkFit, NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.perf.model import PerfModel, Phase, Shape, SystemParams
 
@@ -154,3 +155,19 @@ class RooflinePerf(PerfModel):
         t_compute = flops / (n * config.gpu.bf16_tflops * 1e12 * eta_f)
         t_memory = (nbytes / n + gemm_act) / bw
         return max(t_compute, t_memory) + elementwise / bw + self.tp_time_s(config, model, shape) + e.layer_overhead_s
+
+
+def single_gpu_roofline(model: ModelSpec, gpu: GpuType, phase: Phase, *, batch: int = 1,
+                        context: float = 1024.0, compute_share: float = 0.6) -> float:
+    """A first-principles tok/s per GPU to hold a template against (the check the bench prints).
+
+    Prefill: 2 FLOPs per active parameter per prompt token at `compute_share` of the GPU's dense
+    BF16 peak. Decode: the fewest GPUs whose memory (90 %) holds the weights stream the weights
+    and `batch` sequences of `context` tokens of KV once per step from HBM at its datasheet
+    bandwidth, making `batch` tokens: per GPU, `batch / (step · GPUs)`.
+    """
+    if phase is Phase.PREFILL:
+        return compute_share * gpu.bf16_tflops * 1e12 / (2.0 * model.active_params)
+    gpus = max(1, math.ceil(model.weights_bytes / (0.9 * gpu.memory_bytes)))
+    step = (model.weights_bytes + batch * context * model.kv_bytes_per_token) / (gpus * gpu.hbm_gb_per_s * 1e9)
+    return batch / (step * gpus)

@@ -67,13 +67,15 @@ MAX_RUNNING_SEQS = 256
 
 
 class _Nic:
-    """One rented node's NIC: KV transfers through it go one after another (FIFO), each at the
-    slower of its two ends' full baseline; the TP groups of a node share it."""
+    """One rented node's NIC (`cfg`: the whole node): KV transfers through it go one after
+    another (FIFO), each timed by `perf.kv_transfer_s` over the slower of its two ends; the TP
+    groups of a node share it."""
 
-    __slots__ = ("bytes_per_s", "free_at")
+    __slots__ = ("cfg", "free_at", "speed")
 
-    def __init__(self, bytes_per_s: float) -> None:
-        self.bytes_per_s = bytes_per_s
+    def __init__(self, cfg: object) -> None:
+        self.cfg = cfg
+        self.speed = getattr(cfg, "network_bytes_per_s", math.inf)
         self.free_at = 0.0
 
 
@@ -84,7 +86,7 @@ class _Node:
     def __init__(self, cfg: object, inst: _Instance, nic: _Nic | None = None) -> None:
         self.cfg = cfg
         self.inst = inst
-        self.nic = nic or _Nic(cfg.network_bytes_per_s * getattr(cfg, "groups_per_node", 1))  # type: ignore[attr-defined]
+        self.nic = nic or _Nic(cfg)
         self.busy = False
         self.started_at = 0.0
         self.busy_s = 0.0
@@ -150,7 +152,7 @@ class _Instance:
         self.stage_wrr: list[SmoothWRR] = []
         self.stage_weights: list[list[float]] = []
         # Every stage entry (a whole node or one TP group of it) on the node `Template.hosts` names.
-        nics = [_Nic(config_of(n).network_bytes_per_s) for n in t.nodes]  # type: ignore[attr-defined]
+        nics = [_Nic(config_of(n)) for n in t.nodes]
         for st, hosts in zip(t.placement.stages, t.hosts(), strict=True):
             self.stages.append([_Node(config_of(name), self, nics[h]) for name, h in zip(st.nodes, hosts, strict=True)])
             self.stage_layers.append(st.layers)
@@ -203,7 +205,6 @@ class _Sim:
         self.models = [m.name for m in scenario.models]  # type: ignore[attr-defined]
         self.midx = {m: i for i, m in enumerate(self.models)}
         self.specs = [m.spec for m in scenario.models]  # type: ignore[attr-defined]
-        self.kv_bytes = [m.num_layers * m.kv_bytes_per_token_layer for m in self.specs]
         # Which instance emits each model's first token: the planner's rule (coral.templates.budget).
         self.first_at_decode = [model_kv(scenario, m.name).first_token == "decode"
                                 for m in scenario.models]  # type: ignore[attr-defined]
@@ -711,21 +712,26 @@ class _Sim:
 
     def _send_kv(self, t: float, rid: int, path: tuple[_Node, ...], dst: _Instance) -> None:
         """Each prefill stage's node sends its layers' share of the KV over the slower of its NIC
-        and the decode placement's slowest; a NIC carries one transfer at a time, so transfers
-        through it queue (FIFO). The KV has arrived when the last share has."""
+        and the decode placement's slowest (`perf.kv_transfer_s`, node to node); a NIC carries
+        one transfer at a time, so transfers through it queue (FIFO). The KV has arrived when the
+        last share has."""
         m = self.r_model[rid]
-        dnic = min((n.nic for st in dst.stages for n in st), key=lambda x: x.bytes_per_s)
-        nbytes = self.r_prompt[rid] * self.kv_bytes[m]
+        dnic = min((n.nic for st in dst.stages for n in st), key=lambda x: x.speed)
+        prompt = self.r_prompt[rid]
         layers = path[0].inst.stage_layers
         total = sum(layers)
         arrive = t
         for node, j in zip(path, layers, strict=True):
             snic = node.nic
+            key = (snic.cfg, dnic.cfg, m, prompt, j, total)
+            x = self._xfer_cache.get(key)
+            if x is None:
+                x = self._xfer_cache[key] = self.perf.kv_transfer_s(self.specs[m], prompt * j / total, snic.cfg,
+                                                                    dnic.cfg)  # type: ignore[arg-type]
             start = max(t, snic.free_at, dnic.free_at)
-            done = start + nbytes * j / total / min(snic.bytes_per_s, dnic.bytes_per_s)
-            snic.free_at = dnic.free_at = done
-            arrive = max(arrive, done)
-        self.push(arrive + self.perf.system.network_latency_s, _KV_ARRIVE, dst, rid)
+            snic.free_at = dnic.free_at = start + x
+            arrive = max(arrive, start + x)
+        self.push(arrive, _KV_ARRIVE, dst, rid)
 
     def _kv_arrive(self, t: float, inst: _Instance, rid: int) -> None:
         self.r_kv[rid] = t

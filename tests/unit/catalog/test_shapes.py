@@ -112,7 +112,8 @@ def test_plan_marks_derived_shapes(tmp_path):
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
-    assert {n["config"]: n["derived"] for n in data["nodes"]} == {"1xL40S": False, "2xL40S": True}
+    derived = {n["config"]: n["derived"] for n in data["nodes"]}
+    assert derived["2xL40S"] is True and derived.get("1xL40S", False) is False  # 1xL40S (2.5 Gbps) may go unused
     for i in data["instances"]:
         assert i["derived"] == ("2xL40S" in i["nodes"])
     table = CliRunner().invoke(main, args)
