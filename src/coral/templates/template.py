@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import overload
 
+from coral.catalog.hardware import split_group_name
 from coral.perf.model import Phase
 from coral.templates.problem import Placement
 
@@ -54,6 +55,29 @@ class Template:
     @property
     def key(self) -> str:
         return f"{self.model}/{self.phase.value}/" + "+".join(self.nodes)
+
+    def hosts(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, per entry: the index into `nodes` of the node that entry runs on.
+
+        A stage entry is a whole node (`4xL40S`) or one tensor-parallel group of one
+        (`4xL40S/tp1`, see `NodeConfig.group`); a node split into `g` groups hosts `g` entries.
+        The `i`-th entry of a group configuration, counted in stage order, runs on the
+        `i // g`-th node of that configuration: the rule the simulator, the runtime and the
+        exports share.
+        """
+        first = {c: self.nodes.index(c) for c in set(self.nodes)}
+        seen: dict[str, int] = {}
+        out = []
+        for st in self.placement.stages:
+            row = []
+            for entry in st.nodes:
+                node, tp = split_group_name(entry)
+                k = seen.get(entry, 0)
+                seen[entry] = k + 1
+                per_node = 1 if tp is None else int(node.split("x", 1)[0]) // tp
+                row.append(first[node] + k // per_node)
+            out.append(tuple(row))
+        return tuple(out)
 
     def price_usd_per_h(self, prices: Mapping[str, float]) -> float:
         """`p_r(τ) = Σ_c p_r(c)·U_c(τ)` for one region's prices (KeyError where a config is not sold)."""
