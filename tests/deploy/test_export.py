@@ -94,10 +94,10 @@ def test_vllm_reason():
 
 
 def _with_a_data_parallel_stage(data: dict) -> dict:
-    """The plan with its first instance's one node doubled into a data-parallel stage (which vLLM's
-    pipeline cannot express), the plan's node counts kept consistent."""
+    """The plan with the one node of its first single-node instance doubled into a data-parallel
+    stage (which vLLM's pipeline cannot express), the plan's node counts kept consistent."""
     d = json.loads(json.dumps(data))
-    inst = d["instances"][0]
+    inst = next(i for i in d["instances"] if len(i["stages"]) == 1 and len(i["stages"][0]["nodes"]) == 1)
     stage = inst["stages"][0]
     node = stage["nodes"][0]
     stage["nodes"], stage["node_index"] = [node, node], [0, 1]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from coral.catalog.models import builtin_model
 from coral.errors import CoralError
 from coral.runtime.deploy.mapping import node_weights, plan_instance_specs
 from coral.runtime.deploy.plan_file import load_plan_file, parse_plan
@@ -42,8 +43,11 @@ def test_weights_add_up_to_the_stage_and_favour_the_faster_node(two_model_plan):
 
 
 class _Model:
+    """A cluster file's served model, as the mapping reads it: the built-in architecture of that name."""
+
     def __init__(self, name, layers):
         self.name, self.num_layers, self.seed, self.weights_path = name, layers, 0, None
+        self.spec, self.config = builtin_model(name), {}
 
 
 def test_instance_specs_expand_counts_and_keep_layer_ranges(two_model_plan):

@@ -75,6 +75,53 @@ def test_engines_get_one_device_each_in_order() -> None:
     } == got  # fmt: skip
 
 
+def test_engines_of_one_machine_take_their_own_gpus_of_its_block() -> None:
+    """A plan's 4xL40S as 2 x TP2 and a 4xL40S as four TP1 groups over two stages, then two whole 1xL4:
+    each machine takes a block of its node's GPUs, each engine its own GPUs of the block."""
+    from coral.runtime.deploy.provisioner import LocalProvisioner
+
+    spec = parse_cluster(_cluster([
+        {"name": "a", "model": "t", "stages": [{"layers": [0, 6], "nodes": 2, "tp": 2, "configs": ["4xL40S/tp2"] * 2, "hosts": [0, 0]}]},
+        {"name": "b", "model": "t", "stages": [{"layers": [0, 3], "nodes": 2, "configs": ["4xL40S/tp1"] * 2, "hosts": [0, 0]},
+                                               {"layers": [3, 6], "nodes": 2, "configs": ["4xL40S/tp1"] * 2, "hosts": [0, 0]}]},
+        {"name": "c", "model": "t", "stages": [{"layers": [0, 6], "nodes": 2, "tp": [1, 1], "configs": ["1xL4"] * 2, "hosts": [0, 1]}]},
+    ]))  # fmt: skip
+    prov = LocalProvisioner()
+    sent: list[tuple[str, dict]] = []
+    prov._spawn = lambda name, role, spec: None  # type: ignore[method-assign]
+    prov._spawn_engine = lambda name, spec, types: sent.append((name, spec))  # type: ignore[method-assign]
+    for inst in spec.instances:
+        prov.start_instance(inst, spec.models[0], spec, "tcp://127.0.0.1:1")
+    got = {name: (s["device_index"], s.get("tp", {}).get("rank")) for name, s in sent}
+    assert {
+        "a/0/0": (0, 0), "a/0/0/tp1": (0, 1), "a/0/1": (2, 0), "a/0/1/tp1": (2, 1),
+        "b/0/0": (4, None), "b/0/1": (5, None), "b/1/0": (6, None), "b/1/1": (7, None),
+        "c/0/0": (8, None), "c/0/1": (9, None),
+    } == got  # fmt: skip
+
+
+def test_a_tp_vllm_refuses_names_heads_kv_heads_and_the_valid_degrees() -> None:
+    with pytest.raises(CoralError, match=r"stage 0: tp 3: .* \(4 heads, 2 KV heads\); valid TP degrees: 1, 2, 4"):
+        parse_cluster(_cluster([{"name": "i", "model": "t", "stages": [{"layers": [0, 6], "tp": 3}]}]))
+    with pytest.raises(CoralError, match=r"stage 0: tp 3: "):
+        parse_cluster(_cluster([{"name": "i", "model": "t", "stages": [{"layers": [0, 6], "nodes": 2, "tp": [1, 3]}]}]))
+    with pytest.raises(CoralError, match=r"tp lists 1 degree\(s\) for 2 node\(s\)"):
+        parse_cluster(_cluster([{"name": "i", "model": "t", "stages": [{"layers": [0, 6], "nodes": 2, "tp": [1]}]}]))
+
+
+def test_a_cluster_file_with_a_refused_tp_exits_2_in_one_line(tmp_path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from coral.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cluster([{"name": "i", "model": "t", "stages": [{"layers": [0, 6], "tp": 3}]}])))
+    r = CliRunner().invoke(main, ["serve", "--config", str(cfg)])
+    assert 2 == r.exit_code
+    assert "valid TP degrees: 1, 2, 4" in " ".join(r.output.split()) and "Traceback" not in r.output
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_bf16_batched_pass_matches_generate_on_the_device() -> None:
     from coral.runtime.engine.model import ShardSpec, load_shard

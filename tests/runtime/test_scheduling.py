@@ -167,6 +167,35 @@ def test_prefill_hands_off_after_the_first_token_and_decode_pulls_the_kv_before_
     assert (7,) == first.items[0].token_ids and 3 == first.items[0].position and (1, 2, 3) == first.items[0].history
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_the_first_token_leaves_from_the_instance_the_models_first_token_names(mode: str) -> None:
+    """"prefill": the prefill instance sends it with the hand-off (the KV transfer then counts in TPOT);
+    "decode": it is held back and the decode instance sends it once the KV is in (in TTFT, vLLM's P/D)."""
+    pre = scheduler([1], phase="prefill")
+    hello_all(pre)
+    sub = Submit(request_id="a", prompt=(1, 2, 3), max_tokens=3, temperature=0.0, seed=0, eos_ids=(9,), reply_to="C",
+                 decode_to="D", first_token=mode)
+    pre.handle(sub, 0.0)
+    (batch,) = of(pre.step(0.0), ForwardBatch)
+    out = pre.handle(result(batch, 7), 0.1)
+    (admit,) = of(out, DecodeAdmit, "D")
+    from_prefill = [t.tokens for t in tokens(out)]
+    dec = scheduler([1], phase="decode")
+    for (s, k), slot in sorted(dec.slots.items()):
+        dec.handle(EngineHello(instance_id="S", stage=s, node_index=k, address="d", layer_start=slot.layer_start,
+                               layer_end=slot.layer_end), 0.1)
+    dec.handle(admit, 0.1)
+    before_kv = [t.tokens for t in tokens(dec.step(0.1))]
+    out = dec.handle(KvLoaded(request_id="a", layer_start=0, layer_end=2), 0.5) + dec.step(0.5)
+    on_kv = [t.tokens for t in tokens(out)]
+    if mode == "prefill":
+        assert ([(7,)], [], []) == (from_prefill, before_kv, on_kv)
+    else:
+        assert ([], [], [(7,)]) == (from_prefill, before_kv, on_kv)
+    (step,) = of(out, ForwardBatch)
+    assert (7,) == step.items[0].token_ids  # decoding continues from the first token either way
+
+
 def test_a_kv_hand_off_that_never_arrives_fails_after_the_timeout() -> None:
     dec = scheduler([1], phase="decode", kv_timeout_s=5.0, heartbeat_timeout_s=0.0)
     hello_all(dec)

@@ -365,6 +365,9 @@ class Submit(_Msg, frozen=True):
     reply_to: str
     decode_to: str = ""
     sampling: SamplingParams | None = None  # None = temperature and seed above, nothing else
+    # which instance sends the first token to ``reply_to``: "prefill" as soon as it is sampled, "decode"
+    # once the decode instance holds the KV (with ``decode_to`` only; see the plan file's first_token)
+    first_token: str = "prefill"
 
 
 class DecodeAdmit(_Msg, frozen=True):
@@ -374,6 +377,9 @@ class DecodeAdmit(_Msg, frozen=True):
     generated: tuple[int, ...]
     sources: tuple[KvSource, ...]
     kv_id: str = ""  # the KV's key on the sources ("" = the request id)
+    # the first token's message, held back by the prefill side (``Submit.first_token`` "decode"): the decode
+    # scheduler sends it to the client once the KV has arrived; None = it went out already
+    first_out: TokenOut | None = None
 
 
 class TokenOut(_Msg, frozen=True):

@@ -91,10 +91,13 @@ class ServedModel:
     tokenizer_path: str | None = None  # tokenizer.json or its folder; None = byte tokenizer
     chat_template: str | None = None
     spec: ModelSpec | None = None  # the catalog's architecture of `config` (None: not one it models)
+    first_token: str = "prefill"  # which instance emits the first token: "prefill" or "decode" (FIRST_TOKEN_MODES)
 
     def __post_init__(self) -> None:
         if (self.seed is None) == (self.weights_path is None):
             raise ValueError(f"model {self.name!r}: give exactly one of seed and weights")
+        if self.first_token not in ("prefill", "decode"):
+            raise ValueError(f"model {self.name!r}: first_token must be prefill or decode, got {self.first_token!r}")
         if self.spec is not None and self.spec.num_layers != int(self.config["num_hidden_layers"]):
             raise ValueError(f"model {self.name!r}: spec has {self.spec.num_layers} layers, config "
                              f"{self.config['num_hidden_layers']}")
@@ -114,7 +117,13 @@ class StageSpec:
     node_throughputs: tuple[float, ...]
     tp: int = 1  # devices per node (tensor parallelism inside the node)
     devices: tuple[str, ...] = ()  # first device of each node ("cuda:N"); () = assigned per host
-    configs: tuple[str, ...] = ()  # each node's configuration (e.g. "4xL40S") when a plan placed it; () = unplaced
+    # each node's configuration when a plan placed it: a whole node ("4xL40S") or one TP group of one
+    # ("4xL40S/tp1": several engines share that machine); () = unplaced
+    configs: tuple[str, ...] = ()
+    node_tps: tuple[int, ...] = ()  # each node's TP degree where they differ; () = `tp` for every node
+    # each node's machine: the index of the instance's physical node it runs on (engines of one stage or of
+    # consecutive stages may share one); () = every node its own machine
+    hosts: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not 0 <= self.layer_start < self.layer_end:
@@ -130,6 +139,15 @@ class StageSpec:
             raise ValueError(f"device {bad[0]!r} is not cpu or cuda:N")
         if self.configs and len(self.configs) != len(self.node_throughputs):
             raise ValueError(f"configs lists {len(self.configs)} configuration(s) for {len(self.node_throughputs)} node(s)")
+        if self.node_tps and (len(self.node_tps) != len(self.node_throughputs) or min(self.node_tps) < 1):
+            raise ValueError(f"tp lists {len(self.node_tps)} degree(s) for {len(self.node_throughputs)} node(s); give one >= 1 per node")
+        if self.hosts and (len(self.hosts) != len(self.node_throughputs) or min(self.hosts) < 0):
+            raise ValueError(f"hosts lists {len(self.hosts)} machine(s) for {len(self.node_throughputs)} node(s); give one >= 0 per node")
+
+    @property
+    def tps(self) -> tuple[int, ...]:
+        """Each node's tensor-parallel degree (devices)."""
+        return self.node_tps or (self.tp,) * len(self.node_throughputs)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,6 +235,11 @@ class ModelFile(_Strict):
     max_context: int | None = Field(None, ge=2, description="Longest prompt + completion; default max_position_embeddings.")
     tokenizer: str | None = Field(None, description="A local tokenizer.json (Hugging Face tokenizers) or its folder; default: byte tokenizer.")
     chat_template: str | None = Field(None, description="Jinja chat template; default the tokenizer_config.json beside the tokenizer, else <|role|> lines.")
+    first_token: Literal["prefill", "decode"] = Field("prefill", description=(
+        "Which instance emits a request's first token to the client: 'prefill' as soon as the prefill instance "
+        "has sampled it (the KV transfer then counts in TPOT; the paper's runtime), 'decode' once the decode "
+        "instance has the KV (the transfer counts in TTFT; vLLM's P/D proxy). `coral serve --plan` takes the "
+        "plan file's."))
 
 
 class StageFile(_Strict):
@@ -224,11 +247,18 @@ class StageFile(_Strict):
 
     layers: tuple[int, int] = Field(description="Half-open layer range [start, end).")
     nodes: int | list[float] = Field(1, description="Node count, or one relative throughput per node (WRR weights).")
-    tp: int = Field(1, ge=1, description="GPUs per node: the node's layers run tensor-parallel over them (torch.distributed; gloo on CPU).")
+    tp: int | list[int] = Field(1, description=(
+        "GPUs per node: the node's layers run tensor-parallel over them (torch.distributed; gloo on CPU); one "
+        "degree for every node of the stage, or one per node. A degree vLLM's rule refuses for the model "
+        "(attention heads, KV heads, MLP width) is refused, naming the valid ones."))
     devices: list[str] | None = Field(None, description="First device of each node, e.g. [cuda:0, cuda:2]; default: assigned per host in order.")
     configs: list[str] | None = Field(None, description=(
         "Node configuration of each node, e.g. [4xL40S, 4xL40S] (`coral serve --plan` fills it in): the Ray "
-        "provisioner places each node on a Ray node of that GPU type; default: unplaced."))
+        "provisioner places each node on a Ray node of that GPU type; a TP group of a node, e.g. 4xL40S/tp1, "
+        "shares that machine with the other groups `hosts` puts there; default: unplaced."))
+    hosts: list[int] | None = Field(None, description=(
+        "Per node, the instance's machine it runs on (0, 1, ...; `coral serve --plan` fills it in from the "
+        "plan's Template.hosts()): nodes of one machine get their own GPUs of it, in order; default: one each."))
 
 
 class InstanceFile(_Strict):
@@ -373,21 +403,35 @@ def _models(files: list[ModelFile]) -> list[ServedModel]:
         if m.tokenizer is not None or m.chat_template is not None:
             load_tokenizer(m.tokenizer, m.chat_template, int(cfg.get("vocab_size", 0)), m.name)  # fail at load, not per request
         models.append(ServedModel(name=m.name, config=cfg, seed=seed, weights_path=path, max_context=ctx, tokenizer_path=m.tokenizer,
-                                  chat_template=m.chat_template, spec=model_arch(cfg, m.name)))
+                                  chat_template=m.chat_template, spec=model_arch(cfg, m.name), first_token=m.first_token))
     names = [m.name for m in models]
     if len(set(names)) != len(names):
         raise CoralError("duplicate model names")
     return models
 
 
-def _check_tp(cfg: dict[str, Any], tp: int, where: str) -> None:
-    """Tensor parallelism splits heads, KV heads and the MLP width; dense MLPs only."""
+def _check_tp(model: ServedModel, tp: int, where: str) -> None:
+    """vLLM's rule (`ModelSpec.check_tp`: heads, KV heads, MLP width), then what Coral's engine splits
+    (dense MLPs; KV heads that divide by tp: it does not replicate them)."""
+    cfg, spec = model.config, model.spec
+    if spec is not None:
+        try:
+            spec.check_tp(tp)
+        except CoralError as e:
+            raise CoralError(f"{where}: tp {tp}: {e}") from None
     if cfg.get("num_experts") or cfg.get("num_local_experts"):
-        raise CoralError(f"{where}: tp {tp} is not supported for mixture-of-experts models; use tp 1")
+        raise CoralError(f"{where}: tp {tp} is not supported for mixture-of-experts models by Coral's engine; use tp 1")
     heads = int(cfg.get("num_attention_heads", 0))
     for key, val in (("num_attention_heads", heads), ("num_key_value_heads", int(cfg.get("num_key_value_heads") or heads)), ("intermediate_size", int(cfg.get("intermediate_size", 0)))):
         if val % tp:
-            raise CoralError(f"{where}: tp {tp} must divide the model's {key} ({val})")
+            raise CoralError(f"{where}: tp {tp} must divide the model's {key} ({val}) for Coral's engine "
+                             f"(it does not replicate KV heads); valid: "
+                             f"{', '.join(str(t) for t in range(1, 9) if _engine_runs(cfg, t))}")
+
+
+def _engine_runs(cfg: dict[str, Any], tp: int) -> bool:
+    heads = int(cfg.get("num_attention_heads", 0))
+    return all(v % tp == 0 for v in (heads, int(cfg.get("num_key_value_heads") or heads), int(cfg.get("intermediate_size", 0))))
 
 
 def _instances(files: list[InstanceFile], models: list[ServedModel], source: str) -> list[InstanceSpec]:
@@ -402,7 +446,8 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
             stages = tuple(
                 StageSpec(
                     layer_start=s.layers[0], layer_end=s.layers[1], node_throughputs=(1.0,) * s.nodes if isinstance(s.nodes, int) else tuple(s.nodes),
-                    tp=s.tp, devices=tuple(s.devices or ()), configs=tuple(s.configs or ()),
+                    tp=s.tp if isinstance(s.tp, int) else max(s.tp), node_tps=() if isinstance(s.tp, int) else tuple(s.tp),
+                    devices=tuple(s.devices or ()), configs=tuple(s.configs or ()), hosts=tuple(s.hosts or ()),
                 )
                 for s in i.stages
             )
@@ -414,8 +459,9 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None
         n = by_name[i.model].num_layers
         for k, st in enumerate(spec.stages):
-            if st.tp > 1:
-                _check_tp(by_name[i.model].config, st.tp, f"{source}: instance {i.name!r} stage {k}")
+            for tp in sorted(set(st.tps)):
+                if tp > 1:
+                    _check_tp(by_name[i.model], tp, f"{source}: instance {i.name!r} stage {k}")
         if spec.stages[-1].layer_end != n:
             raise CoralError(f"{source}: instance {i.name!r}: stages end at layer {spec.stages[-1].layer_end}, the model has {n} layers")
         instances.append(spec)

@@ -78,7 +78,8 @@ class Deployment:
         for m in self.cluster.models:
             eos = m.config.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            infos.append(ModelInfo(name=m.name, max_context=m.max_context, vocab_size=int(m.config["vocab_size"]), eos_ids=eos_ids))
+            infos.append(ModelInfo(name=m.name, max_context=m.max_context, vocab_size=int(m.config["vocab_size"]), eos_ids=eos_ids,
+                                   first_token=m.first_token))
         return infos
 
     def start_coordinator(self) -> Coordinator:

@@ -3,11 +3,15 @@ node's layer range and routing weight taken from its template."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
+from coral.runtime.deploy.layout import coral_engine_tp
 from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance, load_plan_file
+
+log = logging.getLogger(__name__)
 
 
 def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ...], ...]:
@@ -48,6 +52,34 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
     return tuple(out)
 
 
+def stage_layout(inst: PlannedInstance, model: Any) -> list[dict[str, Any]]:
+    """Per stage of `inst`: its entries (`configs`), each engine's TP degree (`tp`) and machine (`hosts`).
+
+    Each stage entry is one engine: a whole node runs tensor-parallel over all its GPUs, a TP group
+    (`4xL40S/tp1`) over its own, on the machine `Template.hosts()` says. The degree is the largest that
+    Coral's engine runs for the served model (`coral_engine_tp`: vLLM's rule and the engine's own split),
+    at most the layout's: a cluster file's stand-in model, or a whole node of a plan made before TP
+    groups, may run fewer (the rest of the GPUs idle, logged).
+
+    Args:
+        inst: a plan instance.
+        model: the cluster file's `ServedModel` of its model (config and architecture).
+    """
+    out = []
+    by_stage: dict[int, list[Any]] = {}
+    for e in inst.engines():
+        by_stage.setdefault(e.stage, []).append(e)
+    for s, st in enumerate(inst.stages):
+        engines = by_stage[s]
+        tps = [coral_engine_tp(e.tp, model.spec, model.config) for e in engines]
+        for e, tp in zip(engines, tps, strict=True):
+            if tp < e.tp:
+                log.warning("%s stage %d: entry %s runs tensor-parallel %d (%s cannot split %d ways): %d GPU(s) idle",
+                            inst.name, s, e.entry, tp, model.name, e.tp, e.tp - tp)
+        out.append({"configs": tuple(st.nodes), "tp": tuple(tps), "hosts": tuple(e.host for e in engines)})
+    return out
+
+
 def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     """Every running instance of the plan (count expanded) as a `coral.runtime.deploy.cluster_config.InstanceSpec`.
 
@@ -72,8 +104,10 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
             raise CoralError(f"{plan.path}: {inst.model} has {layers} layers in the plan but "
                              f"{m.num_layers} in the cluster file's config; they must be the same model")
         weights = node_weights(plan, inst)
-        stages = tuple(StageSpec(layer_start=st.layer_start, layer_end=st.layer_end, node_throughputs=w, configs=st.nodes)
-                       for st, w in zip(inst.stages, weights, strict=True))
+        layout = stage_layout(inst, m)
+        stages = tuple(StageSpec(layer_start=st.layer_start, layer_end=st.layer_end, node_throughputs=w,
+                                 configs=lay["configs"], tp=max(lay["tp"]), node_tps=lay["tp"], hosts=lay["hosts"])
+                       for st, w, lay in zip(inst.stages, weights, layout, strict=True))
         for r in range(inst.count):
             specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=inst.phase,
                                       region=inst.region, throughput_tok_per_s=inst.throughput_tok_per_s,
@@ -114,8 +148,13 @@ def plan_node_configs(plan: PlanFile) -> dict[str, list[list[str]]]:
 
 
 def cluster_from_plan(cluster: Any, plan: PlanFile) -> Any:
-    """The cluster file with its instances replaced by the plan's (models and settings kept)."""
-    return dataclasses.replace(cluster, instances=tuple(plan_instance_specs(plan, {m.name: m for m in cluster.models})))
+    """The cluster file with its instances replaced by the plan's, and each planned model emitting its first
+    token where the plan says (`first_token`; the models' weights and the settings are the file's)."""
+    planned = {i.model for i in plan.instances}
+    models = tuple(dataclasses.replace(m, first_token=plan.first_token_of(m.name)) if m.name in planned else m
+                   for m in cluster.models)
+    return dataclasses.replace(cluster, models=models,
+                               instances=tuple(plan_instance_specs(plan, {m.name: m for m in models})))
 
 
 def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None) -> Any:
@@ -128,7 +167,7 @@ def cluster_from_plan_file(cluster: Any, path: str, scenario: str | None = None)
 
 
 __all__ = ["SCHEDULER_BASE_PORT", "cluster_from_plan", "cluster_from_plan_file", "node_weights", "plan_prices", "plan_instance_specs",
-           "plan_node_configs", "scheduler_port", "with_scheduler_ports"]
+           "plan_node_configs", "scheduler_port", "stage_layout", "with_scheduler_ports"]
 
 
 def plan_prices(plan: PlanFile, instances: Any) -> dict[tuple[Any, ...], float]:

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from coral.allocator.plan import PLAN_JSON_VERSION
+from coral.catalog.hardware import split_group_name
 from coral.errors import CoralError
 from coral.perf.model import Phase
+from coral.runtime.deploy.layout import FIRST_TOKEN_MODES, Engine, engine_layout, hosts_of
 from coral.scenario import Scenario, load_scenario
 
 # Bumped (in coral.allocator.plan) whenever a reader needs a field older files lack.
@@ -17,9 +19,9 @@ PLAN_FILE_VERSION = PLAN_JSON_VERSION
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlannedStage:
-    """One pipeline stage of a planned instance: its nodes (data parallel) and layer range."""
+    """One pipeline stage of a planned instance: its entries (data parallel) and layer range."""
 
-    nodes: tuple[str, ...]
+    nodes: tuple[str, ...]  # its entries: whole nodes ('4xL40S') or TP groups of one ('4xL40S/tp1')
     layer_start: int
     layer_end: int  # exclusive
     throughput_tok_per_s: float
@@ -43,6 +45,12 @@ class PlannedInstance:
     throughput_tok_per_s: float
     price_usd_per_h: float
     derived: tuple[str, ...] = ()  # configurations of `nodes` the region does not sell
+    # per stage, per entry: the index into `nodes` of the node it runs on (`Template.hosts`)
+    hosts: tuple[tuple[int, ...], ...] = ()
+
+    def engines(self) -> tuple[Engine, ...]:
+        """Every engine of one replica, in stage order, with its node and GPUs (`coral.runtime.deploy.layout`)."""
+        return engine_layout(self.nodes, [s.nodes for s in self.stages], self.hosts or None)
 
     @property
     def key(self) -> str:
@@ -69,6 +77,13 @@ class PlanFile:
     availability: str = "abundant"  # the availability mode it was planned under (`coral plan --availability`)
     demand_scale: float = 1.0  # `coral plan --demand-scale`
     engine: str = "coral"  # `coral plan --engine`: the templates it was restricted to
+    # model -> where its first token is emitted ("prefill" / "decode", FIRST_TOKEN_MODES); a model the
+    # file gives none for: "prefill" (the paper's runtime; plan files before the field)
+    first_token: dict[str, str] = field(default_factory=dict)
+
+    def first_token_of(self, model: str) -> str:
+        """Where `model`'s first token is emitted: "prefill" or "decode"."""
+        return self.first_token.get(model, "prefill")
 
     def nodes_of_instances(self) -> dict[tuple[str, str], int]:
         """(region, config) -> nodes its instances use (equals `nodes` in a consistent file)."""
@@ -153,8 +168,7 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
         if start != want:
             raise CoralError(f"{at}: its stages hold {start} layers but {model} has {want}; "
                              "the plan was made for another model spec or scenario")
-        if sorted(n for st in stages for n in st.nodes) != sorted(nodes):
-            raise CoralError(f"{at}: the stages' nodes are not the instance's nodes {list(nodes)}")
+        hosts = _hosts(raw, nodes, stages, models[model].spec, scenario, at)
         count = int(_field(raw, "count", at))
         if count < 1:
             raise CoralError(f"{at}: field 'count' must be >= 1, got {count}")
@@ -162,17 +176,68 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
             index=k, model=model, phase=Phase(_field(raw, "phase", at)), region=region, count=count, nodes=nodes,
             stages=tuple(stages), throughput_tok_per_s=float(_field(raw, "throughput_tok_per_s", at)),
             price_usd_per_h=float(_field(raw, "price_usd_per_h", at)),
-            derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)}))))
+            derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)})), hosts=hosts))
     nodes_used = {(n["region"], n["config"]): int(n["count"]) for n in _field(data, "nodes", path) if int(n["count"])}
     plan = PlanFile(path=path, scenario=scenario, method=str(data.get("method", "")), status=str(data.get("status", "")),
                     cost_usd_per_h=float(_field(data, "cost_usd_per_h", path)), instances=tuple(instances),
                     nodes=nodes_used, availability=str(data.get("availability") or "abundant"),
                     demand_scale=float(data.get("demand_scale") or 1.0),
-                    engine=str((data.get("engine_restriction") or {}).get("engine", "coral")))
+                    engine=str((data.get("engine_restriction") or {}).get("engine", "coral")),
+                    first_token=_first_token(data, set(models), path))
     if plan.nodes_of_instances() != nodes_used:
         raise CoralError(f"{path}: field 'nodes' does not match the nodes of its instances; the file was edited "
                          "or truncated: re-run `coral plan --out`")
     return plan
+
+
+def _hosts(raw: dict[str, Any], nodes: tuple[str, ...], stages: list[PlannedStage], spec: Any, scenario: Scenario,
+           at: str) -> tuple[tuple[int, ...], ...]:
+    """Check an instance's stage entries against its nodes and the model's TP rule; return its `hosts`
+    (the file's, checked against `Template.hosts`, or that rule's where the file has none)."""
+    entries = [st.nodes for st in stages]
+    for s, st in enumerate(entries):
+        for e in st:
+            try:
+                scenario.config(e)  # a group name resolves to its node's group (a TP that does not divide it is refused)
+            except CoralError as exc:
+                raise CoralError(f"{at}: stage {s} entry {e!r}: {exc}") from None
+            node, tp = split_group_name(e)
+            if tp is not None:
+                try:
+                    spec.check_tp(tp, int(node.split("x", 1)[0]))
+                except CoralError as exc:
+                    raise CoralError(f"{at}: stage {s} entry {e!r}: {exc}") from None
+    try:
+        rule = hosts_of(nodes, entries)
+        given = raw.get("hosts")
+        hosts = rule if given is None else tuple(tuple(int(h) for h in row) for row in given)
+        if hosts != rule:
+            raise CoralError(f"field 'hosts' {[list(h) for h in hosts]} is not Template.hosts() of its stages "
+                             f"{[list(h) for h in rule]}")
+        engine_layout(nodes, entries, hosts)
+    except CoralError as exc:
+        raise CoralError(f"{at}: {exc}; the stages' entries do not fit the instance's nodes {list(nodes)}") from None
+    return hosts
+
+
+def _first_token(data: dict[str, Any], models: set[str], path: str) -> dict[str, str]:
+    """Per model, where its first token is emitted, from the plan file's `models: [{model, first_token}]`
+    (absent: "prefill" for every model)."""
+    out: dict[str, str] = {}
+    rows = data.get("models") or []
+    if isinstance(rows, dict):  # {model: {first_token: ...}} is read too
+        rows = [{"model": k, **(v if isinstance(v, dict) else {"first_token": v})} for k, v in rows.items()]
+    for k, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise CoralError(f"{path}: models[{k}] is not an object; re-run `coral plan --out`")
+        name = row.get("model", row.get("name"))
+        mode = row.get("first_token", "prefill")
+        if mode not in FIRST_TOKEN_MODES:
+            raise CoralError(f"{path}: models[{k}] ({name}): field 'first_token' is {mode!r}; valid: "
+                             f"{', '.join(FIRST_TOKEN_MODES)}")
+        if name in models:
+            out[str(name)] = str(mode)
+    return out
 
 
 def load_plan_file(path: str | Path, scenario: str | None = None) -> PlanFile:

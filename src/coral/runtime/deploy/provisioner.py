@@ -26,6 +26,7 @@ from typing import Any
 
 from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, ServedModel
+from coral.runtime.deploy.layout import entry_tp, node_gpus
 
 __all__ = ["LocalProvisioner", "Provisioner"]
 
@@ -164,6 +165,29 @@ class LocalProvisioner(Provisioner):
             raise CoralError(f"the engine launcher (zygote) died while starting {name}")
         self.engines[name] = int(answer)
 
+    def _machines(self, inst: InstanceSpec) -> dict[tuple[int, int], int] | None:
+        """(stage, node index) -> first device of each engine of a placed instance whose engines name their
+        machine (`StageSpec.hosts`): every machine takes a block of its node's GPUs on this host, and the
+        engines on it their own GPUs of the block, in order (a 4xL40S of four TP1 groups: four engines on
+        four devices of one block). None for an instance without machines (one block per engine)."""
+        if not all(st.hosts and st.configs for st in inst.stages):
+            return None
+        size: dict[int, int] = {}
+        for st in inst.stages:
+            for h, c in zip(st.hosts, st.configs, strict=True):
+                size.setdefault(h, node_gpus(c))
+        base = {}
+        for h in sorted(size):
+            base[h] = self._next_device
+            self._next_device += size[h]
+        used = dict.fromkeys(size, 0)
+        out = {}
+        for s, st in enumerate(inst.stages):
+            for k, (h, c) in enumerate(zip(st.hosts, st.configs, strict=True)):
+                out[(s, k)] = base[h] + used[h]
+                used[h] += entry_tp(c)
+        return out
+
     def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
         host = cluster.host
         self.retired.discard(inst.name)
@@ -176,15 +200,19 @@ class LocalProvisioner(Provisioner):
         scheduler = f"tcp://{host}:{sched_addr_port}"
         nodes = []
         placement: list[tuple[int, str, int]] = []  # per node: TP degree, device, first device index
+        machines = self._machines(inst)
         for s, st in enumerate(inst.stages):
             for k, w in enumerate(st.node_throughputs):
                 nodes.append({"stage": s, "node_index": k, "layer_start": st.layer_start, "layer_end": st.layer_end, "throughput_tok_per_s": w})
+                tp = st.tps[k]
                 if st.devices:
                     d = st.devices[k]
-                    placement.append((st.tp, "cpu" if d == "cpu" else "cuda", 0 if d == "cpu" else int(d[5:])))
+                    placement.append((tp, "cpu" if d == "cpu" else "cuda", 0 if d == "cpu" else int(d[5:])))
+                elif machines is not None:  # its own GPUs of its machine's block
+                    placement.append((tp, cluster.device, machines[(s, k)]))
                 else:  # one device per engine process, in order on this host
-                    placement.append((st.tp, cluster.device, self._next_device))
-                    self._next_device += st.tp
+                    placement.append((tp, cluster.device, self._next_device))
+                    self._next_device += tp
         self._spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,

@@ -107,6 +107,7 @@ class _Req:
     kv_id: str = ""  # the engines' key for this request's KV (changes when it is recomputed)
     admitted: int = 0  # admission order: the youngest is preempted first
     preemptions: int = 0
+    first_out: TokenOut | None = None  # decode side: the first token to send once the KV is in (first_token "decode")
 
 
 class InstanceScheduler:
@@ -478,6 +479,7 @@ class InstanceScheduler:
         sub = msg.submit
         r = _Req(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
         r.generated = list(msg.generated)
+        r.first_out = msg.first_out
         r.history = sub.prompt + msg.generated[:-1]
         r.kv_t0 = self._now
         r.kv_deadline = r.kv_t0 + self.kv_timeout_s
@@ -502,6 +504,9 @@ class InstanceScheduler:
         if r.kv_layers >= self.num_layers:
             r.kv_deadline = 0.0
             self.counters.kv_loaded(self._now - r.kv_t0, r.kv_bytes)
+            if r.first_out is not None:  # the first token, held back by the prefill side, goes out now
+                self._send(r.submit.reply_to, r.first_out)
+                r.first_out = None
             self.waiting.append(msg.request_id)
 
     def _check_kv_deadlines(self) -> None:
@@ -651,7 +656,13 @@ class InstanceScheduler:
             self._release(r)
             self.completed += 1
         elif sub.decode_to and len(r.generated) == 1 and self.phase is InstancePhase.PREFILL:
-            self._hand_off(r)
+            # "decode": the decode instance sends the first token once the KV is there (vLLM's P/D)
+            held = None
+            if sub.first_token == "decode":
+                held = self._outbox[sub.reply_to].pop()
+                if not self._outbox[sub.reply_to]:
+                    del self._outbox[sub.reply_to]
+            self._hand_off(r, held)
 
     def _flush_tokens(self) -> None:
         """Send the tokens :meth:`_advance` collected: one message per coordinator per step."""
@@ -661,12 +672,13 @@ class InstanceScheduler:
         for addr, outs in box.items():
             self._send(addr, outs[0] if len(outs) == 1 else TokenOuts(outs=tuple(outs)))
 
-    def _hand_off(self, r: _Req) -> None:
+    def _hand_off(self, r: _Req, held: TokenOut | None = None) -> None:
         self._flush_tokens()  # the first token reaches the coordinator before the decode instance's
         sources = tuple(KvSource(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
         self._remove(r)
         self._unledger(r)
-        self._send(r.submit.decode_to, DecodeAdmit(submit=r.submit, generated=tuple(r.generated), sources=sources, kv_id=r.kv_id))
+        self._send(r.submit.decode_to, DecodeAdmit(submit=r.submit, generated=tuple(r.generated), sources=sources, kv_id=r.kv_id,
+                                                   first_out=held))
 
     # --------------------------------------------------------------- endings
 

@@ -79,10 +79,16 @@ class ModelInfo:
     max_context: int
     vocab_size: int
     eos_ids: tuple[int, ...] = ()
+    # which instance emits a request's first token when prefill and decode are separate instances:
+    # "prefill" as soon as it is sampled (the KV transfer counts in TPOT), "decode" once the decode
+    # instance holds the KV (it counts in TTFT, as vLLM's P/D proxy); the plan file's `first_token`
+    first_token: str = "prefill"
 
     def __post_init__(self) -> None:
         if self.max_context < 2 or self.vocab_size < 1:
             raise ValueError(f"model {self.name!r}: max_context must be >= 2 and vocab_size >= 1")
+        if self.first_token not in ("prefill", "decode"):
+            raise ValueError(f"model {self.name!r}: first_token must be prefill or decode, got {self.first_token!r}")
 
 
 class RequestError(CoralError):
@@ -644,6 +650,7 @@ class Coordinator:
             request_id=h.wire_id, prompt=h.prompt + tuple(h.generated), max_tokens=h.max_tokens - len(h.generated),
             temperature=h.temperature, seed=h.seed, eos_ids=h.eos_ids, reply_to=self.t.address,
             decode_to=self.instances[dec.instance_id].address if dec is not None else "", sampling=h.sampling,
+            first_token=self.models[h.model].first_token if dec is not None else "prefill",
         )  # fmt: skip
         self.t.send(self.instances[pre.instance_id].address, sub)
         return True
