@@ -9,7 +9,6 @@ from enum import StrEnum
 from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 
-
 # One device-to-device copy between two engines of a node (CUDA IPC / NCCL send): launch and sync.
 INTRA_HOP_S = 2e-5
 
