@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,7 +94,6 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
     from coral.scenario.traffic import (
         component_attainment,
         length_summary,
-        model_kv,
         template_budget_ms,
     )
 
@@ -129,16 +127,16 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         window /= f
         q = component_attainment(scenario, m.name)
         lengths = length_summary(scenario, m.name)
-        kv = model_kv(scenario, m.name)
         pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3,
                                         budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
                                         prompt_q=lengths.prompt_q, attainment=q, model=m.name,
                                         instance_tok_per_s=rates.get(m.name), strict=samples is None)
         dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3,
                                         cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
-                                        kv_s_per_token=kv_s_per_prompt_token(scenario, kv),
-                                        kv_latency_s=(scenario.perf.system.network_latency_s
-                                                      if kv.first_token == "prefill" else 0.0),
+                                        # the quantile request's KV transfer is inside the decode
+                                        # templates' step budget ("prefill" mode) or in TTFT
+                                        # ("decode" mode): coral.templates.budget
+                                        kv_s_per_token=0.0, kv_latency_s=0.0,
                                         attainment=q, model=m.name, strict=samples is None)
         key = None
         if memo_key is not None and use_store:
@@ -167,15 +165,6 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
             _MEMO.clear()
         _MEMO[memo_key] = out
     return out
-
-
-def kv_s_per_prompt_token(scenario: Any, kv: Any) -> float:
-    """Seconds of KV transfer per prompt token a decode request waits before its second token:
-    0 where the first token comes from the decode instance (the transfer is in TTFT); else over
-    the scenario's median NIC (each template's own NIC is held to it in `coral.templates.budget`)."""
-    if kv.first_token == "decode" or not scenario.configs:
-        return 0.0
-    return float(kv.bytes_per_token / statistics.median(c.network_bytes_per_s for c in scenario.configs))
 
 
 @dataclass(slots=True)

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
+import difflib
 import functools
 import io
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -11,6 +14,14 @@ from pathlib import Path
 
 from coral.catalog.hardware import GpuType, LinkFit, NodeConfig, split_config_name, split_group_name
 from coral.errors import CoralError, unknown
+
+_CONFIG_LIKE = re.compile(r"^\d+x")
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """`"; did you mean 'x'?"` for the closest of `valid`, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 # Network of a VM whose bandwidth the catalog does not know (GCP N1 hosts of T4/V100):
 # N1 VMs with 8+ vCPUs get 16 Gbps egress, smaller ones less; 10 is a conservative guess.
@@ -28,6 +39,8 @@ class Offer:
     spot_usd_per_h: float | None = None
     network_gbps: float = DEFAULT_NETWORK_GBPS
     suspect: str = ""  # the data's `[SUSPECT ...]` note on the row this price comes from; "" when none
+    vcpus: int = 0
+    memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.price_usd_per_h >= 0 or self.price_usd_per_h == float("inf"):
@@ -61,6 +74,25 @@ class Catalog:
                 return base.group(tp)
             except ValueError as exc:
                 raise CoralError(str(exc)) from None
+        if "@" in name:
+            shape, _, itype = name.partition("@")
+            try:
+                base = self.config(shape)
+            except CoralError:
+                raise unknown("configuration", name, self.configs) from None
+            key = f"{base.name}@{itype}"
+            if key in self.configs:
+                return self.configs[key]
+            if any(o.instance_type == itype for (_, c), o in self.offers.items() if c == base.name):
+                return base  # the shape's default (cheapest) type in some region
+            sold = sorted({o.instance_type for (_, c), o in self.offers.items()
+                           if c == base.name or c.startswith(base.name + "@")})
+            raise CoralError(f"unknown instance type {itype!r} for {base.name}{did_you_mean(itype, sold)}; "
+                             f"its sold types: {', '.join(sold) or '(none)'}")
+        if not _CONFIG_LIKE.match(name.strip()):
+            typed = self.by_instance_type(name.strip())
+            if typed is not None:
+                return typed
         try:
             count, gpu = split_config_name(name)
         except ValueError as exc:
@@ -74,7 +106,8 @@ class Catalog:
             # must price it. It is a part of the nearest larger sold node of the same GPU (as its
             # derived price is), so it gets that node's NIC share; with none larger, the nearest
             # smaller node's NIC.
-            sold = sorted((c.count, c.network_gbps) for c in self.configs.values() if c.gpu.name == gpu_name)
+            sold = sorted((c.count, c.network_gbps) for c in self.configs.values()
+                          if c.gpu.name == gpu_name and not c.instance_type)
             larger = [x for x in sold if x[0] > count]
             if larger:
                 n, gbps = larger[0]
@@ -83,6 +116,22 @@ class Catalog:
                 nic = sold[-1][1] if sold else DEFAULT_NETWORK_GBPS
             return NodeConfig(gpu=self.gpus[gpu_name], count=count, network_gbps=nic)
         raise unknown("configuration", name, self.configs)
+
+    def by_instance_type(self, itype: str) -> NodeConfig | None:
+        """The configuration an instance type's offers are under (`g6e.4xlarge` -> `1xL40S@g6e.4xlarge`,
+        or the shape itself where it is the cheapest), or None when no region sells it."""
+        names = sorted({c for (_, c), o in self.offers.items() if o.instance_type == itype}, key=lambda c: ("@" not in c, c))
+        return self.configs[names[0]] if names else None
+
+    def types_of(self, shape: str, regions: Iterable[str] | None = None) -> tuple[str, ...]:
+        """The configurations of `shape`'s other sold instance types (`<shape>@<type>`), in
+        `regions` (default: any), cheapest first."""
+        want = set(regions) if regions is not None else None
+        found: dict[str, float] = {}
+        for (region, name), offer in self.offers.items():
+            if name.startswith(shape + "@") and (want is None or region in want):
+                found[name] = min(found.get(name, float("inf")), offer.price_usd_per_h)
+        return tuple(sorted(found, key=lambda n: (found[n], n)))
 
     def check_region(self, region: str) -> str:
         if region not in self.regions:
@@ -147,8 +196,10 @@ def load_gpus_csv(text: str, where: str = "gpus.csv") -> tuple[dict[str, GpuType
 
 def parse_offers(rows: Iterable[Mapping[str, str]], gpus: Mapping[str, GpuType], aliases: Mapping[str, str],
                  where: str) -> list[tuple[Offer, str, int]]:
-    """Rows of our price CSV (the columns of `gpu_nodes.csv`) -> offers, cheapest instance per shape."""
-    best: dict[tuple[str, str], tuple[Offer, str, int]] = {}
+    """Rows of our price CSV (the columns of `gpu_nodes.csv`) -> offers: per region, the cheapest
+    instance type of each shape as `<n>x<GPU>`, and every other sold type of it as
+    `<n>x<GPU>@<type>` (its own NIC, vCPUs, memory and price)."""
+    every: dict[tuple[str, str, str], tuple[Offer, str, int]] = {}
     for i, row in enumerate(rows, start=2):
         at = f"{where} row {i}"
         missing = [k for k in ("cloud", "region", "instance_type", "gpu", "gpu_count", "price_per_hour") if k not in row]
@@ -171,27 +222,41 @@ def parse_offers(rows: Iterable[Mapping[str, str]], gpus: Mapping[str, GpuType],
             spot_usd_per_h=_float(row, "spot_price_per_hour", at, required=False),
             network_gbps=_float(row, "network_gbps", at, required=False) or DEFAULT_NETWORK_GBPS,
             suspect=(row.get("suspect") or "").strip(),
+            vcpus=int(_float(row, "vcpus", at, required=False) or 0),
+            memory_gib=_float(row, "memory_gib", at, required=False) or 0.0,
         )
-        key = (region, config)
-        if key not in best or offer.price_usd_per_h < best[key][0].price_usd_per_h:
-            best[key] = (offer, gpu, count)
-    return list(best.values())
+        key = (region, config, offer.instance_type)
+        if key not in every or offer.price_usd_per_h < every[key][0].price_usd_per_h:
+            every[key] = (offer, gpu, count)
+    cheapest: dict[tuple[str, str], Offer] = {}
+    for (region, config, _), (offer, _, _) in sorted(every.items()):
+        if (region, config) not in cheapest or offer.price_usd_per_h < cheapest[(region, config)].price_usd_per_h:
+            cheapest[(region, config)] = offer
+    out = []
+    for (region, config, itype), (offer, gpu, count) in sorted(every.items()):
+        if cheapest[(region, config)] is not offer:
+            offer = dataclasses.replace(offer, config=f"{config}@{itype}")
+        out.append((offer, gpu, count))
+    return out
 
 
 def build_catalog(gpus: Mapping[str, GpuType], aliases: Mapping[str, str],
                   offers: Iterable[tuple[Offer, str, int]]) -> Catalog:
-    """Assemble a catalog; a configuration's network is the lowest of its cheapest offers."""
+    """Assemble a catalog; a shape's network is the lowest of its cheapest offers over the regions
+    (an instance type's is its own)."""
     offer_map: dict[tuple[str, str], Offer] = {}
     network: dict[str, float] = {}
-    shape: dict[str, tuple[str, int]] = {}
+    shape: dict[str, tuple[str, int, Offer]] = {}
     for offer, gpu, count in offers:
         offer_map[(offer.region, offer.config)] = offer
         network[offer.config] = min(network.get(offer.config, float("inf")), offer.network_gbps)
-        shape[offer.config] = (gpu, count)
-    configs = {
-        name: NodeConfig(gpu=gpus[g], count=n, network_gbps=network[name])
-        for name, (g, n) in sorted(shape.items(), key=lambda kv: (kv[1][0], kv[1][1]))
-    }
+        shape[offer.config] = (gpu, count, offer)
+    configs = {}
+    for name, (g, n, o) in sorted(shape.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])):
+        typed = "@" in name
+        configs[name] = NodeConfig(gpu=gpus[g], count=n, network_gbps=network[name],
+                                   instance_type=o.instance_type if typed else "",
+                                   vcpus=o.vcpus if typed else 0, host_memory_gib=o.memory_gib if typed else 0.0)
     return Catalog(gpus=dict(gpus), configs=configs, offers=offer_map, aliases=dict(aliases))
 
 

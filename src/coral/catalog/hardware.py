@@ -44,6 +44,11 @@ class NodeConfig:
     # > count: this is one tensor-parallel group of `count` GPUs on a node of `node_count` GPUs
     # (the node runs node_count / count such engines); its NIC share is network_gbps.
     node_count: int = 0
+    # The cloud instance type this configuration is, where the shape has several sold types and
+    # this is not the shape's default (cheapest) one: its name is then `<n>x<GPU>@<type>`.
+    instance_type: str = ""
+    vcpus: int = 0  # the instance's vCPUs and host memory (0: unknown)
+    host_memory_gib: float = 0.0
 
     def __post_init__(self) -> None:
         if self.count not in (1, 2, 4, 8, 16):
@@ -62,6 +67,12 @@ class NodeConfig:
     @property
     def node_name(self) -> str:
         """The node this configuration runs on (itself unless it is a TP group of a larger node)."""
+        typed = f"@{self.instance_type}" if self.instance_type else ""
+        return f"{self.node_count if self.is_group else self.count}x{self.gpu.name}{typed}"
+
+    @property
+    def shape(self) -> str:
+        """`<n>x<GPU>` of the node, without its instance type or TP group."""
         return f"{self.node_count if self.is_group else self.count}x{self.gpu.name}"
 
     @property
@@ -81,7 +92,8 @@ class NodeConfig:
         if tp < 1 or self.count % tp:
             raise ValueError(f"TP {tp} does not divide the {self.count} GPUs of {self.name}")
         return NodeConfig(gpu=self.gpu, count=tp, network_gbps=self.network_gbps * tp / self.count,
-                          node_count=self.count)
+                          node_count=self.count, instance_type=self.instance_type, vcpus=self.vcpus,
+                          host_memory_gib=self.host_memory_gib)
 
     @property
     def memory_bytes(self) -> float:
@@ -144,9 +156,9 @@ def split_group_name(name: str) -> tuple[str, int | None]:
 
 
 def split_config_name(name: str) -> tuple[int, str]:
-    """Split `'2xL40S'` into `(2, 'L40S')` (a TP group `'4xL40S/tp1'` gives its node's); raise
-    ValueError on another shape."""
-    match = _CONFIG_NAME.match(split_group_name(name)[0])
+    """Split `'2xL40S'` into `(2, 'L40S')` (a TP group `'4xL40S/tp1'` gives its node's, an instance
+    type `'1xL40S@g6e.4xlarge'` its shape's); raise ValueError on another shape."""
+    match = _CONFIG_NAME.match(split_group_name(name)[0].split("@", 1)[0])
     if not match:
         raise ValueError(f"node configuration {name!r} is not of the form '<n>x<GPU>', e.g. '1xL4' or '8xH100'")
     return int(match.group(1)), match.group(2)

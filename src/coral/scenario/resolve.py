@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from coral.catalog.catalog import Catalog, builtin_catalog, load_prices_csv
+from coral.catalog.catalog import Catalog, builtin_catalog, did_you_mean, load_prices_csv
 from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec, resolve_model_spec
 from coral.errors import CoralError, unknown
@@ -261,11 +261,19 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
     catalog = catalog or builtin_catalog()
     if file.prices_csv:
         catalog = load_prices_csv(_resolve_path(file.prices_csv, base), catalog)
-    configs = tuple(catalog.config(c) for c in file.configs)
-    names = [c.name for c in configs]
+    listed = tuple(catalog.config(c) for c in file.configs)
+    names = [c.name for c in listed]
     if len(set(names)) != len(names):
         raise CoralError(f"scenario {file.name}: configs lists a configuration twice: {names}")
     regions = tuple(catalog.check_region(r.name) for r in file.regions)
+    # A shape stands for every instance type of it the scenario's regions sell: its default
+    # (cheapest) type keeps the shape's name, each other type is `<shape>@<type>`.
+    configs = list(listed)
+    for c in listed:
+        if not c.instance_type:
+            configs += [catalog.configs[t] for t in catalog.types_of(c.name, regions) if t not in names]
+    configs = tuple(dict.fromkeys(configs))
+    names = [c.name for c in configs]
     prices: dict[tuple[str, str], float] = {}
     availability: dict[tuple[str, str], int] = {}
     derived: set[tuple[str, str]] = set()
@@ -274,15 +282,15 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
         for key in [*region.prices, *region.availability]:
             if key not in names:
                 raise CoralError(f"scenario {file.name}: region {region.name} names configuration {key!r}, "
-                                 f"which is not in configs ({', '.join(names)})")
+                                 f"which is not in configs ({', '.join(names)}){did_you_mean(key, names)}")
         for cfg in configs:
-            price = region.prices.get(cfg.name)
+            price = region.prices.get(cfg.name)  # a shape's price sets its default type's only
             offer = catalog.offers.get((region.name, cfg.name))
             if price is None and offer is not None:
                 price = offer.price_usd_per_h
                 if offer.suspect:
                     suspect[(region.name, cfg.name)] = offer.suspect
-            if offer is None and file.derive_missing_prices:
+            if offer is None and file.derive_missing_prices and not cfg.instance_type:  # a type is sold or absent
                 # a shape the region does not sell: marked derived, even where `prices` sets its price
                 found = _derived_price(catalog, region.name, cfg)
                 if price is None and found is not None:
@@ -294,7 +302,9 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
             if price is None:
                 continue  # not sold there
             prices[(region.name, cfg.name)] = price
-            availability[(region.name, cfg.name)] = region.availability.get(cfg.name, file.default_availability)
+            # a shape's availability bounds each of its types (e.g. none of a suspect-priced GPU)
+            availability[(region.name, cfg.name)] = region.availability.get(
+                cfg.name, region.availability.get(cfg.shape, file.default_availability))
     models = []
     for entry in file.models:
         p_mean, d_mean = entry.workload.mean_lengths_tok(base_dir=base)

@@ -335,14 +335,18 @@ def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -
 
 
 def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:
-    """All multisets of at most `n_max` nodes, and those whose GPU memory is within
-    `[weights, rho × weights]` (one node: only the lower bound), smallest first."""
+    """All multisets of at most `n_max` nodes (of several nodes: of the shapes' default instance
+    types only), and those whose GPU memory is within `[weights, rho × weights]` (one node: only
+    the lower bound), smallest first."""
     names = sorted(c.name for c in configs)
+    # Several nodes take each shape's default instance type; every other type of it is a template
+    # of its own node only (the types differ in NIC and price, so a single node is where it pays).
+    shared = sorted(c.name for c in configs if not c.instance_type)
     mem = {c.name: c.memory_bytes for c in configs}
     lo, hi = model.weights_bytes, rho * model.weights_bytes
     total, ok = 0, []
     for size in range(1, n_max + 1):
-        for combo in itertools.combinations_with_replacement(names, size):
+        for combo in itertools.combinations_with_replacement(names if size == 1 else shared, size):
             total += 1
             m = sum(mem[n] for n in combo)
             if lo <= m and (m <= hi or size == 1):  # one node is what is rented anyway (its layout splits it)
@@ -534,13 +538,13 @@ def template_to_dict(t: Template) -> dict[str, Any]:
         "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
         "comm_ms": p.comm_s * 1e3,
         "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
-                    "stage_time_ms": s.time_s * 1e3, "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
+                    "stage_time_s": s.time_s, "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
     }
 
 
 def template_from_dict(d: dict[str, Any]) -> Template:
     stages = tuple(Stage(nodes=tuple(s["nodes"]), node_index=tuple(s["node_index"]), layers=int(s["layers"]),
-                         time_s=s["stage_time_ms"] / 1e3, throughput_tok_per_s=s["throughput_tok_per_s"])
+                         time_s=s["stage_time_s"] if "stage_time_s" in s else s["stage_time_ms"] / 1e3, throughput_tok_per_s=s["throughput_tok_per_s"])
                    for s in d["stages"])
     placement = Placement(stages=stages, micro_batch=int(d["micro_batch"]), throughput_tok_per_s=d["throughput_tok_per_s"],
                           latency_s=d["latency_ms"] / 1e3, comm_s=d["comm_ms"] / 1e3)
