@@ -23,8 +23,10 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     leave-one-out and held out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe
     (Helix 2xL4, 2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), the NCCL all-reduce fits
     per GPU (aiconfigurator's measurements) with their held-out checks (Vidur's DGX curves; Helix
-    with the L40S link), GEMM fits and pipeline sends (Vidur). `python tools/fit_links.py`
-    rewrites the shipped all-reduce rows from the same fits."""
+    with the L40S link), GEMM fits and pipeline sends (Vidur), and the per-GPU efficiencies
+    fitted to layers rebuilt from measured vLLM kernels (aiconfigurator) with their held-out
+    models and the gpt-oss MoE check. `python tools/fit_links.py` and `python
+    tools/fit_kernels.py` rewrite / check the shipped all-reduce rows and kernel efficiencies."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog
     from coral.catalog.catalog import builtin_links
@@ -35,6 +37,11 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     vidur = public_data_path("profiles/vidur", data_dir) if (profiles is None or data_dir is not None) else None
     nccl = public_data_path(f"profiles/{AIC_FILE}", data_dir) if (profiles is None or data_dir is not None) else None
     rep = calibration_report(folder, vidur, builtin_catalog(), nccl)
+    kernels = None
+    if profiles is None or data_dir is not None:
+        from coral.perf.kernels import KERNELS_DIR, kernel_report
+
+        kernels = kernel_report(public_data_path(f"profiles/{KERNELS_DIR}", data_dir), builtin_catalog())
     summary, tp = rep.layer_summary, rep.speedup_summary
     if as_json:
         return emit_json({
@@ -46,7 +53,8 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
             "helix_heldout": [{**asdict(r), "error": r.error} for r in rep.helix_heldout],
             "allreduce_vidur_heldout": [{**asdict(f), **e} for f, e in rep.allreduce],
             "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
-            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows]})
+            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows],
+            **({} if kernels is None else {"kernels": _kernels_json(kernels)})})
     t = Table(title="Fitted single-GPU efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
     for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
         t.add_column(col)
@@ -128,3 +136,37 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
             t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
                       f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
         console.print(t)
+    if kernels is not None:
+        _print_kernels(kernels)
+
+
+def _kernels_json(rep: Any) -> dict[str, Any]:
+    return {"fitted": {g: asdict(e) for g, e in rep.fitted.items()},
+            "summary": [{"gpu": g, "phase": ph, "held_out": held, **s} for (g, ph, held), s in rep.summary().items()],
+            "moe_summary": [{"gpu": g, "phase": ph, **s} for (g, ph, _), s in rep.summary(rep.moe_rows).items()],
+            "points": [{**asdict(r), "error": r.error} for r in rep.rows + rep.moe_rows]}
+
+
+def _print_kernels(rep: Any) -> None:
+    """The kernel fit (coral.perf.kernels): efficiencies, then errors per GPU and phase, fit / held out / MoE."""
+    t = Table(title="Efficiencies fitted to layers rebuilt from measured vLLM kernels (aiconfigurator; shipped: "
+                    "KERNEL_EFFICIENCY)")
+    for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
+        t.add_column(col)
+    for g, e in rep.fitted.items():
+        t.add_row(g, f"{e.flops:.3f}", f"{e.decode_flops:.3f}", f"{e.bandwidth:.3f}", f"{e.layer_overhead_s * 1e6:.1f}")
+    console.print(t)
+    t = Table(title="Rebuilt layers vs the roofline: fit (Qwen3-32B, Llama-3-70B, Llama-3.2-3B), held out (Llama-3.1-8B, "
+                    "Qwen3-14B, Qwen3-1.7B), MoE (gpt-oss-20b/120b, signed)")
+    for col in ("GPU", "phase", "set", "points", "median |error|", "worst |error|"):
+        t.add_column(col, justify="right")
+    for (g, ph, held), s in sorted(rep.summary().items()):
+        t.add_row(g, ph, "held out" if held else "fit", f"{s['points']:.0f}", f"{s['median_abs_error']:.1%}",
+                  f"{s['worst_abs_error']:.1%}")
+    moe: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rep.moe_rows:
+        moe[(r.gpu, r.phase)].append(r.error)
+    for (g, ph), errs in sorted(moe.items()):
+        errs.sort()
+        t.add_row(g, ph, "MoE", str(len(errs)), f"{errs[len(errs) // 2]:+.1%} (median)", f"{errs[0]:+.1%} .. {errs[-1]:+.1%}")
+    console.print(t)
