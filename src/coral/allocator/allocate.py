@@ -25,6 +25,7 @@ from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
+from coral.scenario.traffic import model_kv
 from coral.solver import SolveOptions, Status
 from coral.templates.template import Template, TemplateLibrary
 
@@ -87,7 +88,8 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
                           nearest_latency_ms=nearest_latency_ms)
     # the time limit is the solve's: a first run that spends it replaying the traffic for the
     # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
-    return allocate_inputs(inputs, method=method, prev=prev, options=options)
+    plan = allocate_inputs(inputs, method=method, prev=prev, options=options)
+    return replace(plan, first_token={m.name: model_kv(scenario, m.name).first_token for m in scenario.models})
 
 
 def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: PrevPlan | None = None,

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from coral.perf.model import Phase
@@ -118,6 +119,8 @@ class Plan:
     init_penalty_usd_per_h: float = 0.0
     goodput_mode: bool = False
     notes: tuple[str, ...] = ()
+    # per model, which instance emits its first token ("prefill" / "decode", coral.templates.budget)
+    first_token: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.alpha <= 1.0 + 1e-9:
@@ -170,6 +173,7 @@ class Plan:
             "gap": self.gap,
             "binding": [{"region": r, "config": c} for r, c in self.binding],
             "notes": list(self.notes),
+            "models": [{"model": m, "first_token": v} for m, v in self.first_token.items()],
             "instances": [
                 {
                     "model": i.model,

@@ -39,6 +39,7 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     rep = calibration_report(folder, vidur, builtin_catalog(), nccl)
     kernels = None
     if profiles is None or data_dir is not None:
+        # lazy: the kernel tables' fit loads only when they are read
         from coral.perf.kernels import KERNELS_DIR, kernel_report
 
         kernels = kernel_report(public_data_path(f"profiles/{KERNELS_DIR}", data_dir), builtin_catalog())

@@ -59,11 +59,12 @@ nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
 
 
 def prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
-                           cache_dir: str | None, quiet: bool, n_max: int | None = None) -> Any:
+                           cache_dir: str | None, quiet: bool, n_max: int | None = None,
+                           overrides: Any = None) -> Any:
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import prepare, scaled_scenario
 
-    scenario = scaled_scenario(scenario_name, demand_scale)
+    scenario = scaled_scenario(scenario_name, demand_scale, overrides)
     with progress_display(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("multisets"),
                           TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet,
                           transient=True) as bar:

@@ -30,10 +30,13 @@ from coral.errors import CoralError
 
 
 def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
-    """Add `"derived": true/false` to a plan's node and instance entries: a derived shape is one the
-    region does not sell, priced by the scenario's `derive_missing_prices`."""
+    """Add `"derived": true/false` to a plan's node and instance entries (a derived shape is one the
+    region does not sell, priced by the scenario's `derive_missing_prices`) and each node's cloud
+    instance type."""
     for n in data.get("nodes", []):
         n["derived"] = scenario.is_derived(n["region"], n["config"])
+        offer = scenario.catalog.offers.get((n["region"], n["config"]))
+        n["instance_type"] = offer.instance_type if offer is not None else None  # None: a derived shape
     for i in data.get("instances", []):
         i["derived"] = any(scenario.is_derived(i["region"], c) for c in i["nodes"])
     return data
@@ -66,8 +69,9 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="With --attainment: write the cost-of-attainment plot (PNG) here.")
 @click.option("--engine", type=click.Choice(["coral", "vllm"]), default="coral", show_default=True, help=(
-    "vllm: only templates vLLM can run (one node per stage, one TP degree); prints the cost of that "
-    "restriction next to the unrestricted plan."))
+    "vllm: only templates vLLM can run (identical data-parallel replicas, or one engine per pipeline stage "
+    "at one TP degree), every model's first token from the decode instance (vLLM's P/D proxy, so its KV "
+    "transfer counts in TTFT); prints the cost of that restriction next to the unrestricted plan."))
 @click.option("--running", "running_path", type=click.Path(dir_okay=False), default=None, help=(
     "Advisory mode: the plan file the fleet runs now. Plans from it (starting instances costs their "
     "init_s), prints the instances to start and drain and the $/h delta, and changes nothing."))
@@ -98,7 +102,10 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         raise CoralError("--plot goes with --attainment (the cost-of-attainment plot)")
     if out:
         check_output_path(out, "--out", folder=False)
-    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
+    # vLLM's P/D proxy returns the first token from the decode instance: plan every model so
+    # (its KV transfer in TTFT), as the vLLM export requires
+    overrides = {"planner": {"first_token": "decode"}} if engine == "vllm" else None
+    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, overrides)
     setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path)
     steps: list[Any] = []
     if calibrate:

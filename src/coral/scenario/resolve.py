@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -269,8 +270,8 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
     # A shape stands for every instance type of it the scenario's regions sell: its default
     # (cheapest) type keeps the shape's name, each other type is `<shape>@<type>`.
     configs = list(listed)
-    for c in listed:
-        if not c.instance_type:
+    for raw, c in zip(file.configs, listed, strict=True):
+        if re.fullmatch(r"\d+x[^@/]+", raw.strip()):  # a bare shape; `<shape>@<type>` or a type pins one
             configs += [catalog.configs[t] for t in catalog.types_of(c.name, regions) if t not in names]
     configs = tuple(dict.fromkeys(configs))
     names = [c.name for c in configs]

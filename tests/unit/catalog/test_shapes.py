@@ -71,14 +71,17 @@ def test_price_override_of_an_unsold_shape_is_still_derived(tmp_path):
 def test_suspect_rows_warn(tmp_path):
     s = load_scenario(_write(tmp_path))
     warned = s.warnings()
-    # GCP us-central1 H100 x1 and x8 are priced from rows tagged [SUSPECT] in the data README
-    assert [w.split(" is priced")[0] for w in warned] == ["gcp:us-central1 1xH100", "gcp:us-central1 8xH100"]
+    # GCP us-central1 H100 x1 and x8 (and its other 8-GPU type) are priced from rows tagged [SUSPECT]
+    assert [w.split(" is priced")[0] for w in warned] == ["gcp:us-central1 1xH100", "gcp:us-central1 8xH100",
+                                                          "gcp:us-central1 8xH100@a3-megagpu-8g"]
     assert all("SUSPECT" in w for w in warned)
     # an offer with no nodes available cannot be rented: no warning
     s = load_scenario(_write(tmp_path, regions=[{"name": "gcp:us-central1", "availability": {"1xH100": 0, "8xH100": 0}}]))
     assert s.warnings() == []
     # a price the scenario sets itself is not the suspect row's
-    s = load_scenario(_write(tmp_path, regions=[{"name": "gcp:us-central1", "prices": {"1xH100": 11.0, "8xH100": 88.0}}]))
+    # (a shape's price is its default type's; another type of it keeps its own price)
+    s = load_scenario(_write(tmp_path, regions=[{"name": "gcp:us-central1", "prices": {
+        "1xH100": 11.0, "8xH100": 88.0, "8xH100@a3-megagpu-8g": 99.0}}]))
     assert s.warnings() == []
 
 
@@ -96,7 +99,7 @@ def test_scenario_show_marks_and_warns(tmp_path):
     assert offers[("aws:us-east-2", "2xL40S")]["derived"] is True
     assert offers[("aws:us-east-2", "4xL40S")]["derived"] is False
     assert "SUSPECT" in offers[("gcp:us-central1", "8xH100")]["suspect"]
-    assert len(data["warnings"]) == 2 and "warning: gcp:us-central1 1xH100" in res.stderr
+    assert len(data["warnings"]) == 3 and "warning: gcp:us-central1 1xH100" in res.stderr
     table = CliRunner().invoke(main, ["scenario", "show", path])
     assert table.exit_code == 0 and "derived" in table.stdout and "SUSPECT" in table.stdout
 
@@ -106,7 +109,7 @@ def test_plan_marks_derived_shapes(tmp_path):
     path.write_text(yaml.safe_dump({
         "name": "tiny", "models": [{"name": "phi-4", "ttft_ms": 3000, "tpot_ms": 80,
                                     "workload": {"rate_per_s": 2, "dataset": "azure-conv"}}],
-        "configs": ["1xL40S", "2xL40S"], "regions": [{"name": "aws:us-east-2"}],
+        "configs": ["g6e.xlarge", "2xL40S"], "regions": [{"name": "aws:us-east-2"}],
         "derive_missing_prices": True, "planner": {"n_max": 2}}))
     args = ["plan", "--scenario", str(path), "--method", "homo", "--cache-dir", str(tmp_path / "cache")]
     res = CliRunner().invoke(main, [*args, "--json"])

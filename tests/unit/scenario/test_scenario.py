@@ -11,12 +11,15 @@ def test_builtins_resolve():
     assert builtin_scenario_names() == ("core", "extended", "helix")
     core = load_scenario("core")
     assert [m.name for m in core.models] == ["qwen3-32b", "gpt-oss-20b", "phi-4"]
-    assert len(core.configs) == 12 and core.regions == ("aws:us-east-2", "aws:ap-northeast-2")
+    assert core.regions == ("aws:us-east-2", "aws:ap-northeast-2")
+    # the 12 shapes, and every other instance type of them sold in the two regions
+    assert len({c.shape for c in core.configs}) == 12 and len(core.configs) == 22
+    assert core.config("1xL40S@g6e.4xlarge").network_gbps == 20.0 and core.config("1xL40S").network_gbps == 2.5
     # 2xL40S is not sold on AWS: priced per GPU from the nearest larger shape, 4xL40S (10.49264 $/h)
     assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 10.49264 / 4)
     assert core.is_derived("aws:us-east-2", "2xL40S") and not core.is_derived("aws:us-east-2", "4xL40S")
     ext = load_scenario("extended")
-    assert len(ext.models) == 6 and len(ext.configs) == 20 and len(ext.regions) == 3
+    assert len(ext.models) == 6 and len({c.shape for c in ext.configs}) == 20 and len(ext.regions) == 3
 
 
 def test_helix_builtin_resolves(data_dir):  # its perf model reads Helix's measured profiles

