@@ -71,6 +71,14 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     configs = tuple({c.name: c for c in (cat.config(n) for n in names)}.values())
     names = sorted(cat.config(n).name for n in names)
     spec = resolve_model_spec(model)
+    for c in configs:  # each entry runs TP over its GPUs: the degree must be one vLLM accepts
+        if spec.tp_problem(c.count) is not None:
+            valid = spec.valid_tp(c.count if c.is_group else c.count)
+            try:
+                spec.check_tp(c.count, c.node_count or c.count)
+            except CoralError as exc:
+                raise CoralError(f"--nodes {c.name}: {exc}; give the node's TP groups instead, e.g. "
+                                 f"{c.node_name}/tp{max(valid)}") from None
     try:
         grid = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
     except ValueError:

@@ -166,7 +166,8 @@ def entry_configs(spec: TemplateSpec) -> list[NodeConfig]:
     out = list(spec.configs)
     if spec.layouts:
         for c in spec.configs:
-            out += [c.group(t) for t in spec.model.valid_tp(c.count) if t < c.count]
+            if not c.is_group:
+                out += [c.group(t) for t in spec.model.valid_tp(c.count) if t < c.count]
     return out
 
 
@@ -280,7 +281,7 @@ def single_template_spec(model: ModelSpec, phase: Phase, slo_ms: float, budget_m
         grid = tuple(b for b in grid if b <= 8) or (1,)
     return TemplateSpec(model=model, phase=phase, slo_ms=slo_ms, budget_ms=budget_ms, prompt_tokens=prompt_tokens,
                         output_tokens=output_tokens, configs=tuple(configs), n_max=max(n_max, len(nodes)), rho=1e9,
-                        batches=grid)
+                        batches=grid, layouts=False)  # the entries are given: whole nodes or TP groups
 
 
 def infeasible_reason(perf: PerfModel, timings: _Timings, nodes: Sequence[str]) -> str:
@@ -538,7 +539,8 @@ def template_to_dict(t: Template) -> dict[str, Any]:
         "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
         "comm_ms": p.comm_s * 1e3,
         "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
-                    "stage_time_s": s.time_s, "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
+                    "stage_time_ms": s.time_s * 1e3, "stage_time_s": s.time_s,
+                    "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
     }
 
 
