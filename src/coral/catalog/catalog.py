@@ -113,7 +113,8 @@ def _float(row: Mapping[str, str], key: str, where: str, required: bool = True) 
 
 def load_gpus_csv(text: str, where: str = "gpus.csv") -> tuple[dict[str, GpuType], dict[str, str]]:
     """Parse our GPU table (`name,memory_gib,hbm_gb_per_s,bf16_tflops,fp8_tflops,intra_node_gb_per_s,
-    [interconnect,]aliases`); `interconnect` names the GPU's row group in interconnects.csv (default pcie)."""
+    [interconnect,]aliases`); `interconnect` names the GPU's row group in interconnects.csv (default
+    pcie-helix, the PCIe link of GPUs without a measured collective)."""
     gpus: dict[str, GpuType] = {}
     aliases: dict[str, str] = {}
     for i, row in enumerate(_read_csv(text), start=2):
@@ -126,7 +127,7 @@ def load_gpus_csv(text: str, where: str = "gpus.csv") -> tuple[dict[str, GpuType
                 bf16_tflops=_float(row, "bf16_tflops", at) or 0.0,
                 fp8_tflops=_float(row, "fp8_tflops", at, required=False),
                 intra_node_gb_per_s=_float(row, "intra_node_gb_per_s", at) or 0.0,
-                interconnect=(row.get("interconnect") or "").strip() or "pcie",
+                interconnect=(row.get("interconnect") or "").strip() or "pcie-helix",
             )
         except (KeyError, ValueError) as exc:
             raise CoralError(f"{at}: {exc}") from None

@@ -19,7 +19,7 @@ class GpuType:
     bf16_tflops: float
     fp8_tflops: float | None = None
     intra_node_gb_per_s: float  # nominal (datasheet) link figure; the TP model uses the measured `interconnect`
-    interconnect: str = "pcie"  # key into the catalog's interconnects.csv (measured all-reduce fits)
+    interconnect: str = "pcie-helix"  # key into the catalog's interconnects.csv (measured all-reduce fits)
 
     def __post_init__(self) -> None:
         if not self.name:

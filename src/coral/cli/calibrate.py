@@ -19,18 +19,29 @@ from coral.cli.common import console, emit_json, json_opt
 @click.option("--all-points", is_flag=True, help="Print every point, not a summary per node and phase.")
 @json_opt
 def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, as_json: bool) -> None:
-    """Fit the performance model to measurements and print every fit's error, in-sample and
-    leave-one-out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe (Helix 2xL4,
-    2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), NCCL all-reduce fits, GEMM fits and
-    pipeline sends (Vidur)."""
+    """Fit the performance model to measurements and print every fit's error, in-sample,
+    leave-one-out and held out: per-GPU efficiencies (Helix), tensor-parallel speedups on PCIe
+    (Helix 2xL4, 2xT4, 4xT4) and NVLink (Vidur 4x/8x H100, A100-80GB), the NCCL all-reduce fits
+    per GPU (aiconfigurator's measurements) with their held-out checks (Vidur's DGX curves; Helix
+    with the L40S link), GEMM fits and pipeline sends (Vidur), and the per-GPU efficiencies
+    fitted to layers rebuilt from measured vLLM kernels (aiconfigurator) with their held-out
+    models and the gpt-oss MoE check. `python tools/fit_links.py` and `python
+    tools/fit_kernels.py` rewrite / check the shipped all-reduce rows and kernel efficiencies."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.catalog import builtin_catalog
-    from coral.perf.calibrate import calibration_report
+    from coral.catalog.catalog import builtin_links
+    from coral.perf.calibrate import AIC_FILE, calibration_report
     from coral.workload_data import public_data_path
 
     folder = profiles or str(public_data_path("profiles/helix_llama2_70b", data_dir))
     vidur = public_data_path("profiles/vidur", data_dir) if (profiles is None or data_dir is not None) else None
-    rep = calibration_report(folder, vidur, builtin_catalog())
+    nccl = public_data_path(f"profiles/{AIC_FILE}", data_dir) if (profiles is None or data_dir is not None) else None
+    rep = calibration_report(folder, vidur, builtin_catalog(), nccl)
+    kernels = None
+    if profiles is None or data_dir is not None:
+        from coral.perf.kernels import KERNELS_DIR, kernel_report
+
+        kernels = kernel_report(public_data_path(f"profiles/{KERNELS_DIR}", data_dir), builtin_catalog())
     summary, tp = rep.layer_summary, rep.speedup_summary
     if as_json:
         return emit_json({
@@ -38,9 +49,12 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
             "pcie": {str(n): asdict(f) for n, f in rep.pcie.items()},
             "tp_speedups": [{**asdict(r), "error": r.error, "loo_error": r.loo_error} for r in rep.speedups],
             "tp_summary": tp,
-            "allreduce": [{**asdict(f), **e} for f, e in rep.allreduce],
+            "links": [{**asdict(f), **e} for f, e in rep.links],
+            "helix_heldout": [{**asdict(r), "error": r.error} for r in rep.helix_heldout],
+            "allreduce_vidur_heldout": [{**asdict(f), **e} for f, e in rep.allreduce],
             "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
-            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows]})
+            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows],
+            **({} if kernels is None else {"kernels": _kernels_json(kernels)})})
     t = Table(title="Fitted single-GPU efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
     for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
         t.add_column(col)
@@ -78,20 +92,36 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     console.print(f"TP speedup: median |error| {tp['median_abs_error']:.1%}, worst {tp['worst_abs_error']:.1%} over "
                   f"{tp['points']:.0f} points (target <= 10 % / 20 %); leave-one-out median {tp['loo_median_abs_error']:.1%}, "
                   f"worst {tp['loo_worst_abs_error']:.1%}")
-    t = Table(title="PCIe all-reduce fitted to Helix's multi-GPU nodes (shipped: interconnects.csv)")
+    t = Table(title="Held out: the Helix points with the L40S NCCL fit (pcie-l40s) in place of pcie-helix")
+    for col in ("node", "phase", "tokens", "measured", "predicted", "error"):
+        t.add_column(col, justify="right")
+    for sp in rep.helix_heldout:
+        t.add_row(sp.config, sp.phase, str(sp.tokens), f"{sp.measured:.2f}", f"{sp.predicted:.2f}", f"{sp.error:+.1%}")
+    console.print(t)
+    t = Table(title="pcie-helix all-reduce fitted to Helix's multi-GPU nodes (shipped: interconnects.csv)")
     for col in ("GPUs", "latency µs", "bus GB/s", "from"):
         t.add_column(col)
     for n, f in rep.pcie.items():
         t.add_row(str(n), f"{f.latency_s * 1e6:.1f}", f"{f.bus_gb_per_s:.2f}", f.source)
     console.print(t)
+    if rep.links:
+        t = Table(title="NCCL all-reduce fits to aiconfigurator's measurements, 4 KiB - 256 MiB (shipped: interconnects.csv)")
+        for col in ("link", "GPUs", "floor µs", "latency µs", "bus GB/s @32MiB", "size exp.", "median |error|", "worst |error|"):
+            t.add_column(col, justify="right")
+        for fit, errs in rep.links:
+            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.floor_s * 1e6:.1f}", f"{fit.latency_s * 1e6:.1f}",
+                      f"{fit.bus_gb_per_s:g}", f"{fit.size_exponent:.3f}", f"{errs['median_binned_abs_error']:.1%}",
+                      f"{errs['worst_binned_abs_error']:.1%}")
+        console.print(t)
     if rep.allreduce:
-        t = Table(title="NCCL all-reduce fits to Vidur (error of the shipped fit at 1, 2, 4, ..., 64 MiB; target <= 15 %)")
-        for col in ("link", "GPUs", "floor µs", "latency µs", "bus GB/s @32MiB", "size exp.", "worst |error|", "median raw |error|"):
+        t = Table(title="Held out: the shipped NCCL fit against Vidur's DGX all-reduce (Vidur's own fit for comparison)")
+        for col in ("link", "GPUs", "Vidur bus GB/s @32MiB", "shipped bus GB/s", "worst |error| 1-64 MiB",
+                    "worst |error| 8-64 MiB"):
             t.add_column(col, justify="right")
         for fit, errs in rep.allreduce:
-            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.floor_s * 1e6:.1f}", f"{fit.latency_s * 1e6:.1f}",
-                      f"{fit.bus_gb_per_s:.1f}", f"{fit.size_exponent:.3f}", f"{errs['worst_binned_abs_error']:.1%}",
-                      f"{errs['median_raw_abs_error']:.1%}")
+            ship = f"{builtin_links()[(fit.interconnect, fit.gpus)].bus_gb_per_s:g}"
+            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.bus_gb_per_s:.1f}", ship,
+                      f"{errs['worst_binned_abs_error']:.1%}", f"{errs['heldout_worst_binned_abs_error']:.1%}")
         console.print(t)
         t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
         for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
@@ -106,3 +136,37 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
             t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
                       f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
         console.print(t)
+    if kernels is not None:
+        _print_kernels(kernels)
+
+
+def _kernels_json(rep: Any) -> dict[str, Any]:
+    return {"fitted": {g: asdict(e) for g, e in rep.fitted.items()},
+            "summary": [{"gpu": g, "phase": ph, "held_out": held, **s} for (g, ph, held), s in rep.summary().items()],
+            "moe_summary": [{"gpu": g, "phase": ph, **s} for (g, ph, _), s in rep.summary(rep.moe_rows).items()],
+            "points": [{**asdict(r), "error": r.error} for r in rep.rows + rep.moe_rows]}
+
+
+def _print_kernels(rep: Any) -> None:
+    """The kernel fit (coral.perf.kernels): efficiencies, then errors per GPU and phase, fit / held out / MoE."""
+    t = Table(title="Efficiencies fitted to layers rebuilt from measured vLLM kernels (aiconfigurator; shipped: "
+                    "KERNEL_EFFICIENCY)")
+    for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
+        t.add_column(col)
+    for g, e in rep.fitted.items():
+        t.add_row(g, f"{e.flops:.3f}", f"{e.decode_flops:.3f}", f"{e.bandwidth:.3f}", f"{e.layer_overhead_s * 1e6:.1f}")
+    console.print(t)
+    t = Table(title="Rebuilt layers vs the roofline: fit (Qwen3-32B, Llama-3-70B, Llama-3.2-3B), held out (Llama-3.1-8B, "
+                    "Qwen3-14B, Qwen3-1.7B), MoE (gpt-oss-20b/120b, signed)")
+    for col in ("GPU", "phase", "set", "points", "median |error|", "worst |error|"):
+        t.add_column(col, justify="right")
+    for (g, ph, held), s in sorted(rep.summary().items()):
+        t.add_row(g, ph, "held out" if held else "fit", f"{s['points']:.0f}", f"{s['median_abs_error']:.1%}",
+                  f"{s['worst_abs_error']:.1%}")
+    moe: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for r in rep.moe_rows:
+        moe[(r.gpu, r.phase)].append(r.error)
+    for (g, ph), errs in sorted(moe.items()):
+        errs.sort()
+        t.add_row(g, ph, "MoE", str(len(errs)), f"{errs[len(errs) // 2]:+.1%} (median)", f"{errs[0]:+.1%} .. {errs[-1]:+.1%}")
+    console.print(t)

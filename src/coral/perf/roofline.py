@@ -32,10 +32,8 @@ class Efficiency:
 
 # Fitted by `coral calibrate` (coral.perf.calibrate): A100-40GB, V100, L4 and T4 to Helix's
 # measured per-layer latencies of LLaMA-2-70B on one GPU (their multi-GPU nodes fit the PCIe
-# link in interconnects.csv instead); A100-80GB and H100 to Vidur's per-operator GEMM timings
-# (a layer's four projections, 1-8-way TP; Vidur has no attention or launch figures, so their
-# decode efficiency equals the GEMM fit and their overhead is the Helix median). See
-# docs/perf.md. Other GPUs use DEFAULT_EFFICIENCY, the median of the Helix fits.
+# link in interconnects.csv instead). See docs/perf.md. DEFAULT_EFFICIENCY, the median of these
+# four fits, models a GPU with no fit of its own.
 FITTED_EFFICIENCY: dict[str, Efficiency] = {
     "A100-40GB": Efficiency(flops=0.843, decode_flops=0.406, bandwidth=0.800, layer_overhead_s=2.0e-4),
     "L4": Efficiency(flops=0.423, decode_flops=0.236, bandwidth=0.784, layer_overhead_s=2.0e-4),
@@ -53,10 +51,22 @@ def median_efficiency(effs: list[Efficiency]) -> Efficiency:
 
 
 DEFAULT_EFFICIENCY = median_efficiency(list(FITTED_EFFICIENCY.values()))
-FITTED_EFFICIENCY.update({
-    "A100-80GB": Efficiency(flops=0.690, decode_flops=0.690, bandwidth=0.552, layer_overhead_s=DEFAULT_EFFICIENCY.layer_overhead_s),
-    "H100": Efficiency(flops=0.609, decode_flops=0.609, bandwidth=0.537, layer_overhead_s=DEFAULT_EFFICIENCY.layer_overhead_s),
-})
+# Fitted by coral.perf.kernels (`coral calibrate`, `python tools/fit_kernels.py --check`) to dense layers
+# (Qwen3-32B, Llama-3-70B, Llama-3.2-3B shapes) rebuilt from the vLLM kernel timings aiconfigurator-core
+# 0.12.0 measured on each GPU (GEMMs + attention; profiles/aiconfigurator_kernels/ of the public data).
+# These are GPU-side kernel times: no CPU launch gaps (vLLM's CUDA graphs hide them in decode).
+KERNEL_EFFICIENCY: dict[str, Efficiency] = {
+    "L40S": Efficiency(flops=0.621, decode_flops=0.529, bandwidth=0.771, layer_overhead_s=0.0),
+    "A100-80GB": Efficiency(flops=0.857, decode_flops=0.684, bandwidth=0.775, layer_overhead_s=63.9e-6),
+    "H100": Efficiency(flops=0.762, decode_flops=0.581, bandwidth=0.839, layer_overhead_s=26.9e-6),
+    "H200": Efficiency(flops=0.753, decode_flops=0.580, bandwidth=0.808, layer_overhead_s=27.5e-6),
+    "B200": Efficiency(flops=0.671, decode_flops=0.566, bandwidth=0.811, layer_overhead_s=25.3e-6),
+}
+# A10G has no measurements: it borrows the L40S fit (the same class of part: a GDDR6 graphics die on
+# PCIe, Ampere GA102 to Ada AD102, running the same FlashAttention-2 kernels). docs/perf.md says why.
+KERNEL_BORROWED = {"A10G": "L40S"}
+FITTED_EFFICIENCY.update(KERNEL_EFFICIENCY)
+FITTED_EFFICIENCY.update({gpu: KERNEL_EFFICIENCY[src] for gpu, src in KERNEL_BORROWED.items()})
 
 
 class RooflinePerf(PerfModel):

@@ -125,12 +125,22 @@ def test_helix_profile_backend(helix):
     assert t == pytest.approx(8e-3)  # the measured point itself
 
 
-def test_vidur_gemm_fit_matches_shipped_defaults(data_dir):
+def test_vidur_gemm_timings_against_the_shipped_kernel_fit(data_dir):
+    """Vidur's GEMM timings are independent of the aiconfigurator kernels the shipped A100-80GB and
+    H100 efficiencies come from: its own two-parameter fit explains them, and the shipped numbers
+    (overhead included) predict them to 14.6 % / 11.0 % median (Vidur's GEMMs run slower)."""
+    import numpy as np
+
     from coral.perf.calibrate import fit_gemm_efficiency, load_vidur_mlp
 
     points = load_vidur_mlp(data_dir / "profiles" / "vidur")
     for gpu in ("A100-80GB", "H100"):
-        ef, eb, err = fit_gemm_efficiency([p for p in points if p.gpu == gpu], CAT.gpu(gpu))
-        assert ef == pytest.approx(FITTED_EFFICIENCY[gpu].flops, abs=0.02)
-        assert eb == pytest.approx(FITTED_EFFICIENCY[gpu].bandwidth, abs=0.02)
+        mine = [p for p in points if p.gpu == gpu]
+        _, _, err = fit_gemm_efficiency(mine, CAT.gpu(gpu))
         assert err < 0.2  # the max-roofline explains the GEMM timings
+        e, g = FITTED_EFFICIENCY[gpu], CAT.gpu(gpu)
+        pred = np.array([max(p.flops / (g.bf16_tflops * 1e12 * e.flops), p.nbytes / (g.hbm_gb_per_s * 1e9 * e.bandwidth))
+                         + e.layer_overhead_s for p in mine]) * 1e3
+        errors = pred / np.array([p.ms for p in mine]) - 1
+        assert float(np.median(np.abs(errors))) < 0.16
+        assert float(np.median(errors)) < 0  # Vidur's GEMMs are the slower of the two measurements
