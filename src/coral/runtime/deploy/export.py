@@ -509,11 +509,9 @@ def check_first_token_vllm(plan: PlanFile) -> None:
     for m in sorted({i.model for i in plan.instances}):
         mode = plan.first_token_of(m)
         if mode != "decode":
-            given = "" if m in plan.first_token else " (the default: the file gives none)"
-            raise CoralError(f"{plan.path}: {m}'s first token is emitted by the prefill instance (first_token "
-                             f"{mode}{given}), which vLLM's P/D proxy cannot run: it emits it from the decode instance "
-                             "once the KV has arrived; re-plan for first_token decode, or export --format skypilot "
-                             "(Coral's runtime runs both)")
+            given = "" if m in plan.first_token else " by default"
+            raise CoralError(f"{plan.path}: {m} emits its first token from prefill (first_token {mode}{given}); vLLM's "
+                             "P/D proxy emits it from decode: re-plan for first_token decode, or export --format skypilot")
 
 
 # A `vllm serve` script's first lines: the deployment's API key, from the file beside it, into vLLM's variable.
