@@ -60,3 +60,23 @@ def two_model_plan(tmp_path_factory) -> tuple[Path, Path, dict]:
     folder = tmp_path_factory.mktemp("plan")
     s, p = write_plan(folder, TWO_MODELS)
     return s, p, json.loads(p.read_text())
+
+
+def with_first_token(data: dict, mode: str | None) -> dict:
+    """The plan's JSON with every model's `first_token` set to `mode` (None: the field removed, as plan files
+    before it): what a plan sized for that mode says (vLLM's P/D proxy runs only "decode")."""
+    d = json.loads(json.dumps(data))
+    d.pop("models", None)
+    if mode is not None:
+        d["models"] = [{"model": m, "first_token": mode} for m in sorted({i["model"] for i in d["instances"]})]
+    return d
+
+
+@pytest.fixture(scope="session")
+def decode_plan(two_model_plan, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """`two_model_plan` with every model's first token emitted by the decode instance (what vLLM runs)."""
+    s, _, data = two_model_plan
+    d = with_first_token(data, "decode")
+    p = tmp_path_factory.mktemp("decode") / "plan.json"
+    p.write_text(json.dumps(d))
+    return s, p, d

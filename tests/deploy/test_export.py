@@ -3,6 +3,7 @@ add up to the model's layers, and refusals (exit 2, nothing written) for bad pla
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter
 
 import pytest
@@ -53,8 +54,10 @@ def test_skypilot_run_lines_cover_each_replica_layers(two_model_plan):
             run_script = yaml.safe_load(ex.files[f"{inst.name}-{config}.yaml"])["run"]
             for line in run_script.splitlines():
                 if ") REPLICA=" in line:
-                    kv = dict(p.split("=") for p in line.split(")", 1)[1].replace(";;", "").split())
-                    ranges[(int(kv["REPLICA"]), int(kv["LAYER_START"]), int(kv["LAYER_END"]))] += 1
+                    rep = int(line.split("REPLICA=", 1)[1].split()[0])
+                    engines = json.loads(shlex.split(line.split("ENGINES=", 1)[1])[0])
+                    for e in engines:
+                        ranges[(rep, e["layer_start"], e["layer_end"])] += 1
         layers = builtin_model(inst.model).num_layers
         for rep in range(inst.count):
             covered = sorted({(a, b) for (r, a, b) in ranges if r == rep})
@@ -62,8 +65,8 @@ def test_skypilot_run_lines_cover_each_replica_layers(two_model_plan):
             assert all(x[1] == y[0] for x, y in zip(covered, covered[1:], strict=False))
 
 
-def test_vllm_partitions_sum_to_the_model_layers(two_model_plan, tmp_path):
-    scenario, plan, data = two_model_plan
+def test_vllm_partitions_sum_to_the_model_layers(decode_plan, tmp_path):
+    scenario, plan, data = decode_plan
     r = _export(plan, scenario, "vllm", tmp_path / "vllm")
     assert r.exit_code == 0, r.output
     scripts = sorted((tmp_path / "vllm").glob("*.sh"))
@@ -73,12 +76,15 @@ def test_vllm_partitions_sum_to_the_model_layers(two_model_plan, tmp_path):
         text = f.read_text()
         cmd = next(line for line in text.splitlines() if "vllm serve" in line)
         env = dict(tok.split("=", 1) for tok in cmd.split() if tok.startswith("VLLM_PP_LAYER_PARTITION="))
-        parts = [int(x) for x in env["VLLM_PP_LAYER_PARTITION"].split(",")]
-        model = next(m for m in layers if f"-{m}-" in f.name)
-        assert layers[model] == sum(parts)
         pp = int(cmd.split("--pipeline-parallel-size ")[1].split()[0])
+        model = next(m for m in layers if f"-{m}-" in f.name)
+        parts = [int(x) for x in env["VLLM_PP_LAYER_PARTITION"].split(",")] if pp > 1 else [layers[model]]
+        assert "VLLM_PP_LAYER_PARTITION" in env or pp == 1
+        assert layers[model] == sum(parts)
         assert pp == len(parts)
-        assert "--tensor-parallel-size" in cmd and "NixlConnector" in cmd
+        tp = int(cmd.split("--tensor-parallel-size ")[1].split()[0])
+        assert builtin_model(model).tp_problem(tp) is None  # only degrees vLLM accepts
+        assert "NixlConnector" in cmd
     # every instance line is either a script or listed with its reason
     listed = (tmp_path / "vllm" / "SKIPPED.txt").read_text().splitlines() if (tmp_path / "vllm" / "SKIPPED.txt").exists() else []
     assert len(scripts) + len(listed) == len(data["instances"])
@@ -89,27 +95,33 @@ def test_vllm_partitions_sum_to_the_model_layers(two_model_plan, tmp_path):
 def test_vllm_reason():
     assert vllm_reason([["4xL4"], ["4xL40S"]]) is None
     assert vllm_reason([["1xL4"]]) is None
-    assert "data-parallel" in vllm_reason([["4xL4", "4xL4"]])
+    assert vllm_reason([["4xL4", "4xL4"]]) is None  # one stage: a server per node
+    assert "data-parallel" in vllm_reason([["4xL4", "4xL4"], ["4xL40S"]])
     assert "tensor-parallel degree" in vllm_reason([["4xL4"], ["2xL40S"]])
+    assert "10 KV heads" in vllm_reason([["4xL40S"]], spec=builtin_model("phi-4"))
 
 
 def _with_a_data_parallel_stage(data: dict) -> dict:
-    """The plan with the one node of its first single-node instance doubled into a data-parallel
-    stage (which vLLM's pipeline cannot express), the plan's node counts kept consistent."""
+    """The plan with its first instance as a two-stage pipeline whose first stage is data parallel over two
+    1xL4 (which vLLM's pipeline cannot express), the plan's node counts kept consistent."""
     d = json.loads(json.dumps(data))
-    inst = next(i for i in d["instances"] if len(i["stages"]) == 1 and len(i["stages"][0]["nodes"]) == 1)
-    stage = inst["stages"][0]
-    node = stage["nodes"][0]
-    stage["nodes"], stage["node_index"] = [node, node], [0, 1]
-    inst["stages"], inst["nodes"] = [stage], [node, node]
-    for n in d["nodes"]:
-        if (n["region"], n["config"]) == (inst["region"], node):
-            n["count"] += inst["count"]
+    inst = d["instances"][0]
+    layers = sum(s["layers"] for s in inst["stages"])
+    for c in inst["nodes"]:
+        next(n for n in d["nodes"] if (n["region"], n["config"]) == (inst["region"], c))["count"] -= inst["count"]
+    inst["nodes"] = ["1xL4", "1xL4", "1xL40S"]
+    inst["stages"] = [{"nodes": ["1xL4", "1xL4"], "layers": layers - 1, "throughput_tok_per_s": 1.0},
+                      {"nodes": ["1xL40S"], "layers": 1, "throughput_tok_per_s": 1.0}]
+    for c, k in (("1xL4", 2), ("1xL40S", 1)):
+        row = next((n for n in d["nodes"] if (n["region"], n["config"]) == (inst["region"], c)), None)
+        if row is None:
+            d["nodes"].append(row := {"region": inst["region"], "config": c, "count": 0})
+        row["count"] += k * inst["count"]
     return d
 
 
-def test_strict_vllm_refuses_an_inexpressible_instance(two_model_plan, tmp_path):
-    scenario, _, data = two_model_plan
+def test_strict_vllm_refuses_an_inexpressible_instance(decode_plan, tmp_path):
+    scenario, _, data = decode_plan
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps(_with_a_data_parallel_stage(data)))
     assert export_vllm(load_plan_file(plan, str(scenario))).skipped  # the edited instance, at least
@@ -169,8 +181,8 @@ def test_derived_shapes_are_refused_or_flagged(tmp_path):
         assert "instance_type" not in yaml.safe_load(text)["resources"]
 
 
-def test_out_folder_with_other_files_is_refused_and_a_re_export_replaces(two_model_plan, tmp_path):
-    scenario, plan, _ = two_model_plan
+def test_out_folder_with_other_files_is_refused_and_a_re_export_replaces(decode_plan, tmp_path):
+    scenario, plan, _ = decode_plan
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")

@@ -86,8 +86,8 @@ def test_a_re_export_keeps_the_deployments_keys(two_model_plan, tmp_path):
     assert [False, True, False] == said
 
 
-def test_vllm_export_reads_its_key_from_the_file(two_model_plan, tmp_path):
-    scenario, plan, _ = two_model_plan
+def test_vllm_export_reads_its_key_from_the_file(decode_plan, tmp_path):
+    scenario, plan, _ = decode_plan
     out = tmp_path / "vllm"
     r = run("export", "--plan", str(plan), "--scenario", str(scenario), "--format", "vllm", "--out", str(out))
     assert r.exit_code == 0, r.output
@@ -97,11 +97,11 @@ def test_vllm_export_reads_its_key_from_the_file(two_model_plan, tmp_path):
         assert 'VLLM_API_KEY="$(cat "$(dirname "$0")/secrets/api_key")"' in text and "--api-key" not in text
 
 
-def test_the_vllm_script_exports_the_key_vllm_reads(two_model_plan, tmp_path):
+def test_the_vllm_script_exports_the_key_vllm_reads(decode_plan, tmp_path):
     """Run a script's key lines with `vllm` replaced by a stub that prints the variable vLLM reads."""
     import subprocess
 
-    scenario, plan, _ = two_model_plan
+    scenario, plan, _ = decode_plan
     out = tmp_path / "vllm"
     assert run("export", "--plan", str(plan), "--scenario", str(scenario), "--format", "vllm", "--out", str(out)).exit_code == 0
     script = next(out.glob("*.sh"))
@@ -110,7 +110,7 @@ def test_the_vllm_script_exports_the_key_vllm_reads(two_model_plan, tmp_path):
     (stub / "vllm").write_text('#!/usr/bin/env bash\necho "key=$VLLM_API_KEY"\n')
     (stub / "vllm").chmod(0o755)
     env = {**os.environ, "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
-    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=30)
+    proc = subprocess.run(["bash", str(script), "0"], capture_output=True, text=True, env=env, timeout=30)
     secrets = load_secrets(out)
     assert secrets is not None and 0 == proc.returncode, proc.stderr
     assert f"key={secrets.api_key}" == proc.stdout.strip().splitlines()[-1]

@@ -7,16 +7,21 @@ import os
 
 import pytest
 
+from coral.catalog.models import builtin_model
 from coral.runtime.deploy.vllm import vllm_reason
 
-from .conftest import TWO_MODELS, flat, run, write_plan
+from .conftest import TWO_MODELS, flat, run, with_first_token, write_plan
+
+# qwen3-32b alone (64 heads, 8 KV heads: TP 1, 2, 4, 8): phi-4's 10 KV heads refuse the 4-way TP of a
+# whole 4-GPU node, the only template that met its TTFT in TWO_MODELS before the planner splits nodes
+QWEN = {**TWO_MODELS, "name": "deployqwen", "models": [m for m in TWO_MODELS["models"] if m["name"] == "qwen3-32b"]}
 
 
 def test_engine_vllm_plans_only_vllm_templates(tmp_path):
-    scenario, plan = write_plan(tmp_path, TWO_MODELS, "vllm.json", "--engine", "vllm")
+    scenario, plan = write_plan(tmp_path, QWEN, "vllm.json", "--engine", "vllm")
     data = json.loads(plan.read_text())
     for inst in data["instances"]:
-        assert vllm_reason([s["nodes"] for s in inst["stages"]]) is None
+        assert vllm_reason([s["nodes"] for s in inst["stages"]], spec=builtin_model(inst["model"])) is None
     rep = data["engine_restriction"]
     assert rep["engine"] == "vllm"
     assert rep["engine_cost_usd_per_h"] == pytest.approx(data["cost_usd_per_h"])
@@ -30,10 +35,26 @@ def test_engine_vllm_plans_only_vllm_templates(tmp_path):
 
 
 def test_engine_vllm_export_has_nothing_to_skip(tmp_path):
-    scenario, plan = write_plan(tmp_path, TWO_MODELS, "vllm.json", "--engine", "vllm")
+    scenario, plan = write_plan(tmp_path, QWEN, "vllm.json", "--engine", "vllm")
+    data = json.loads(plan.read_text())
+    plan.write_text(json.dumps(with_first_token(data, "decode")))  # vLLM's P/D proxy emits it from decode
     r = run("export", "--plan", str(plan), "--format", "vllm", "--out", str(tmp_path / "v"), "--strict")
     assert r.exit_code == 0, r.output  # the plan file's scenario_source finds the YAML without --scenario
     assert not (tmp_path / "v" / "SKIPPED.txt").exists()
+
+
+@pytest.mark.parametrize("mode", [None, "prefill"])
+def test_vllm_export_refuses_a_plan_whose_first_token_leaves_from_prefill(two_model_plan, tmp_path, mode):
+    scenario, _, data = two_model_plan
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(with_first_token(data, mode)))
+    r = run("export", "--plan", str(plan), "--scenario", str(scenario), "--format", "vllm", "--out", str(tmp_path / "v"))
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    assert "phi-4 emits its first token from prefill (first_token prefill" in flat(r)
+    assert ("prefill by default" in flat(r)) == (mode is None) and not (tmp_path / "v").exists()
+    # Coral's runtime runs it: the SkyPilot export takes the mode into the control plane's cluster file
+    assert 0 == run("export", "--plan", str(plan), "--scenario", str(scenario), "--format", "skypilot", "--out",
+                    str(tmp_path / "s")).exit_code
 
 
 def test_running_prints_the_diff_and_changes_nothing(two_model_plan, tmp_path):

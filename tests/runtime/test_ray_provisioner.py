@@ -121,6 +121,29 @@ def test_tensor_parallel_node_gets_its_gpus_as_cuda_0_and_1(dep: Deployment) -> 
     assert "tp" not in prov.groups and not prov.pids("tp")
 
 
+def test_tp_groups_of_one_machine_share_a_ray_node_on_their_own_gpus(dep: Deployment) -> None:
+    """A plan's 4xL40S as two TP2 groups (one stage, `hosts` [0, 0]): one STRICT_PACK placement group for the
+    machine, each group's actor on the same Ray node with two GPUs of its own."""
+    from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
+
+    prov, coord, cluster = dep.provisioner, dep.coordinator, dep.cluster
+    assert isinstance(prov, RayProvisioner) and coord is not None and dep.transport is not None
+    g = InstanceSpec(name="grp", model="llama", phase="mixed", region="local", throughput_tok_per_s=1.0,
+                     stages=(StageSpec(layer_start=0, layer_end=6, node_throughputs=(1.0, 1.0), configs=("4xL40S/tp2",) * 2,
+                                       hosts=(0, 0)),), seed=3, weights_path=None)
+    prov.check_capacity([g])  # one 4xL40S machine, not two: the L40S node (6 GPUs) holds it
+    prov.start_instance(g, cluster.model("llama"), cluster, dep.transport.address)
+    try:
+        assert wait_until(lambda: "grp" in coord.instances, 120), "the instance did not register"
+        assert 1 == len(prov.groups["grp"])
+        (a,), (b,) = prov.placement("grp/0/0"), prov.placement("grp/0/1")
+        assert _node_of(prov.actor("grp/0/0")) == _node_of(prov.actor("grp/0/1"))
+        assert 2 == len(a["gpu_ids"]) == len(b["gpu_ids"]) and not set(a["gpu_ids"]) & set(b["gpu_ids"])
+    finally:
+        prov.stop_instance("grp")
+    assert "grp" not in prov.groups
+
+
 def test_plan_change_under_load_with_a_drain(dep: Deployment) -> None:
     coord, prov = dep.coordinator, dep.provisioner
     assert coord is not None

@@ -23,7 +23,7 @@ from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.export import CONTROL_PLANE, control_cluster, export_skypilot
 from coral.runtime.deploy.plan_file import load_plan_file
 from coral.runtime.deploy.provisioner import LocalProvisioner
-from coral.runtime.deploy.secrets import write_secrets
+from coral.runtime.deploy.secrets import make_secrets, write_secrets
 from coral.runtime.engine.model import BUILTIN_CONFIGS, seeded_state_dict
 
 from .conftest import http
@@ -51,8 +51,30 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
-    pf = load_plan_file(plan)
-    ex = export_skypilot(pf)
+    _serve_export(tmp_path, load_plan_file(plan))
+
+
+def test_machines_running_several_tp_groups_serve_on_loopback(tmp_path: Path) -> None:
+    """A hand-made plan: one 4xL40S as an in-node pipeline of four TP1 engines (one machine, four engines
+    started by one run script, each on its own GPU), two 1xL4 machines for decode, first token from decode."""
+    from deploy.layout_plans import (  # tests/deploy (pytest puts tests/ on sys.path)
+        DECODE,
+        PP4,
+        write_layout_plan,
+    )
+
+    pf = load_plan_file(write_layout_plan(tmp_path, [PP4, DECODE], first_token="decode")[1])
+    # ports of their own: the other test's schedulers bind the export's fixed ones in this same process
+    _serve_export(tmp_path, pf, engines_per_task={f"{pf.instances[0].name}-4xL40S.yaml": 4}, port_offset=1000)
+
+
+# One keypair for both tests: this process's ZeroMQ context keeps the ZAP authenticator of the first
+# keypair it served with (coral.runtime.transport._authenticator), which would refuse a second one's peers.
+_SECRETS = make_secrets()
+
+
+def _serve_export(tmp_path: Path, pf, engines_per_task: dict[str, int] | None = None, port_offset: int = 0) -> None:
+    ex = export_skypilot(pf, secrets=_SECRETS)
     control_task = yaml.safe_load(ex.files[f"{CONTROL_PLANE}.yaml"])
     # the control plane's run script up to `coral serve`, as its node runs it: it writes the cluster file
     prep, serve_line = control_task["run"].split("exec coral serve", 1)
@@ -86,6 +108,8 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
         m["weights"]["path"] = str(weights)
         m.pop("tokenizer")
     shipped["coordinator"]["port"] = 0
+    for i in shipped["instances"]:
+        i["scheduler_port"] += port_offset
     cluster = parse_cluster(shipped)
     assert all(i.scheduler_port for i in cluster.instances)
     dep = Deployment(cluster, LocalProvisioner(start_engines=False), http_port=0)
@@ -114,7 +138,8 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
                        "PATH": bin_dir + os.pathsep + os.environ["PATH"], "SKYPILOT_NODE_RANK": str(rank),
                        "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * n), "CORAL_CONTROL_HOST": "127.0.0.1",
                        "CORAL_WEIGHTS": str(weights), "CORAL_DEVICE": "cpu", "CORAL_DTYPE": "float32",
-                       "CORAL_TORCH_THREADS": "1", "CORAL_TP_PORT": str(29400 + len(engines))}
+                       "CORAL_TORCH_THREADS": "1", "CORAL_TP_PORT": str(29400 + 10 * len(engines)),
+                       "CORAL_SCHEDULER_PORT": str(int(task["envs"]["CORAL_SCHEDULER_PORT"]) + port_offset)}
                 engines.append(subprocess.Popen(["bash", "-c", task["run"]], env=env, start_new_session=True,
                                                 stdout=subprocess.DEVNULL, stderr=log))
         control.join(timeout=300)
@@ -124,6 +149,10 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
                                    [(e.args[-1][-200:], e.poll()) for e in engines])
         assert {i.name for i in cluster.instances} == set(dep.coordinator.instances)  # type: ignore[union-attr]
         assert [] == [e.args for e in engines if e.poll() is not None]  # every engine node still runs
+        for task, n in (engines_per_task or {}).items():  # one machine's run script started all its engines
+            inst = yaml.safe_load(ex.files[task])["envs"]["CORAL_INSTANCE_PREFIX"]
+            assert 1 == yaml.safe_load(ex.files[task])["num_nodes"]
+            assert n == sum(len(st.node_throughputs) for i in cluster.instances if i.name.startswith(inst) for st in i.stages)
         prompts = [[1, 2, 3], [7] * 12, [40, 41]]
         got = []
         for p in prompts:

@@ -82,7 +82,7 @@ def restrict_setup(setup: Any, engine: str) -> tuple[Any, dict[str, Any]]:
     lib = setup.library
     if engine == "coral":
         return setup, {"templates": len(lib.templates), "kept": len(lib.templates)}
-    kept = vllm_templates(lib.templates)
+    kept = vllm_templates(lib.templates, {m.name: m.spec for m in setup.scenario.models})
     restricted = TemplateLibrary(templates=kept, stats=lib.stats)
     return dataclasses.replace(setup, library=restricted), {"templates": len(lib.templates), "kept": len(kept)}
 

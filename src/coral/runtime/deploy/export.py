@@ -5,14 +5,16 @@ instance's scheduler on a fixed port, `coral serve --provisioner remote` over th
 and one engine task per (instance line, node configuration) of the plan: a task's nodes share
 one `resources` entry, so a heterogeneous template spans several tasks. `num_nodes` is the
 instance count times the template's nodes of that configuration, so the engine tasks' nodes add
-up to the plan's per (region, configuration). Each node's `run` picks its replica, stage and layer
-range from `SKYPILOT_NODE_RANK`, its own address from `SKYPILOT_NODE_IPS`, and starts a Coral
-engine node (its tensor-parallel ranks on an n-GPU node) that dials its scheduler at
-`$CORAL_CONTROL_HOST` (docs/deploy.md has the launch order).
+up to the plan's per (region, configuration). Each node's `run` picks its replica and which of the
+template's machines it is from `SKYPILOT_NODE_RANK`, its own address from `SKYPILOT_NODE_IPS`, and
+starts one Coral engine node per stage entry the layout puts on that machine (a whole node, or each
+of its TP groups on its own GPUs), each dialling its scheduler at `$CORAL_CONTROL_HOST`
+(docs/deploy.md has the launch order).
 
-vLLM: one `vllm serve` command per instance line whose template vLLM can express
-(:mod:`coral.runtime.deploy.vllm`), with the pipeline and tensor sizes, the uneven layer
-partition and the prefill/decode KV connector; the others are listed with the reason.
+vLLM: the `vllm serve` processes of each instance line whose layout vLLM can express
+(:mod:`coral.runtime.deploy.vllm`), with the tensor, pipeline and data-parallel sizes, the uneven
+layer partition and the prefill/decode KV connector; the others are listed with the reason. Only a
+plan whose models emit their first token from the decode instance (vLLM's P/D proxy) is exported.
 
 Locked by default: every export carries the deployment's API key and CurveZMQ keypair
 (:mod:`coral.runtime.deploy.secrets`) under `secrets/` (0600), and the task files refer to them by
@@ -38,10 +40,11 @@ import yaml
 
 from coral.atomic import building_dir
 from coral.catalog.hardware import split_config_name
-from coral.catalog.models import ModelSpec, builtin_hf_id, builtin_model_names
+from coral.catalog.models import builtin_hf_id, builtin_model_names
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.runtime.deploy.grafana import dashboard_json
+from coral.runtime.deploy.layout import coral_engine_tp
 from coral.runtime.deploy.mapping import node_weights, scheduler_port
 from coral.runtime.deploy.plan_file import PlanFile, PlannedInstance
 from coral.runtime.deploy.secrets import (
@@ -52,7 +55,7 @@ from coral.runtime.deploy.secrets import (
     make_secrets,
     write_secrets,
 )
-from coral.runtime.deploy.vllm import vllm_reason
+from coral.runtime.deploy.vllm import VllmServer, vllm_layout
 
 FORMATS = ("skypilot", "vllm", "grafana")
 
@@ -112,25 +115,20 @@ def _hf_id(model_spec_name: str) -> str:
     return builtin_hf_id(model_spec_name) if model_spec_name in builtin_model_names() else model_spec_name
 
 
-def engine_tp(spec: ModelSpec, gpus: int) -> int:
-    """The tensor-parallel degree a Coral engine runs on a node of `gpus` GPUs: the largest that
-    divides the GPUs and the model's heads, KV heads and MLP width (1 for a mixture of experts,
-    which the engine's tensor parallelism does not split)."""
-    if spec.is_moe:
-        return 1
-    return max(t for t in range(1, gpus + 1) if gpus % t == 0 and spec.num_heads % t == 0
-               and spec.num_kv_heads % t == 0 and spec.intermediate_size % t == 0)
-
-
-def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
-    """The nodes of `config` in every replica of `inst`, in rank order: replica, stage, node index, layers."""
-    out = []
+def _machine_table(plan: PlanFile, inst: PlannedInstance, config: str) -> list[dict[str, object]]:
+    """The machines of `config` in every replica of `inst`, in rank order: replica, machine, and the engines
+    it runs (stage, node index, layers, Coral engine TP, its GPUs): one per stage entry `hosts` puts there."""
+    spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
+    engines = inst.engines()
+    out: list[dict[str, object]] = []
     for r in range(inst.count):
-        for s, st in enumerate(inst.stages):
-            for k, c in enumerate(st.nodes):
-                if c == config:
-                    out.append({"replica": r, "stage": s, "node_index": k, "layer_start": st.layer_start,
-                                "layer_end": st.layer_end})
+        for h, node in enumerate(inst.nodes):
+            if node != config:
+                continue
+            mine = [{"stage": e.stage, "node": e.index, "layer_start": inst.stages[e.stage].layer_start,
+                     "layer_end": inst.stages[e.stage].layer_end, "tp": coral_engine_tp(e.tp, spec),
+                     "gpus": ",".join(map(str, e.gpus))} for e in engines if e.host == h]
+            out.append({"replica": r, "machine": h, "engines": mine})
     return out
 
 
@@ -139,22 +137,28 @@ def _node_table(inst: PlannedInstance, config: str) -> list[dict[str, int]]:
 _ENGINE_PY = """\
 import json, os, signal, subprocess, sys
 e = os.environ
-tp = int(e['CORAL_TP'])
-spec = {
-    'instance_id': f"{e['CORAL_INSTANCE_PREFIX']}-r{e['REPLICA']}", 'stage': int(e['STAGE']),
-    'node_index': int(e['NODE']), 'host': e['CORAL_NODE_HOST'], 'threads': int(e['CORAL_TORCH_THREADS']),
-    'parent_pid': os.getpid(),
-    'scheduler': f"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}",
-    'device_index': 0, 'curve_keys_dir': os.path.expanduser(e['CORAL_KEYS_DIR']),
-    'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),
-              'layer_start': int(e['LAYER_START']), 'layer_end': int(e['LAYER_END']),
-              'weights_path': e['CORAL_WEIGHTS'], 'device': e['CORAL_DEVICE'], 'dtype': e['CORAL_DTYPE']},
-}
-# rank 0 is the node its scheduler talks to; on an n-GPU node ranks 1..tp-1 follow it on cuda:1..
-ranks = [dict(spec, tp={'rank': r, 'world': tp, 'init_method': f"tcp://127.0.0.1:{e['CORAL_TP_PORT']}"})
-         for r in range(tp)] if tp > 1 else [spec]
-procs = [subprocess.Popen([sys.executable, '-m', 'coral.runtime.engine.worker', 'engine', json.dumps(s)],
-                          start_new_session=True) for s in ranks]
+procs = []
+# one engine per stage entry this machine hosts (several where the layout splits the node into TP groups),
+# each on its own GPUs (CUDA_VISIBLE_DEVICES): its rank r uses cuda:r of them
+for k, eng in enumerate(json.loads(e['ENGINES'])):
+    tp = int(eng['tp'])
+    spec = {
+        'instance_id': f"{e['CORAL_INSTANCE_PREFIX']}-r{e['REPLICA']}", 'stage': int(eng['stage']),
+        'node_index': int(eng['node']), 'host': e['CORAL_NODE_HOST'], 'threads': int(e['CORAL_TORCH_THREADS']),
+        'parent_pid': os.getpid(),
+        'scheduler': f"tcp://{e['CORAL_CONTROL_HOST']}:{int(e['CORAL_SCHEDULER_PORT']) + int(e['REPLICA'])}",
+        'device_index': 0, 'curve_keys_dir': os.path.expanduser(e['CORAL_KEYS_DIR']),
+        'shard': {'config': json.load(open(os.path.join(e['CORAL_WEIGHTS'], 'config.json'))),
+                  'layer_start': int(eng['layer_start']), 'layer_end': int(eng['layer_end']),
+                  'weights_path': e['CORAL_WEIGHTS'], 'device': e['CORAL_DEVICE'], 'dtype': e['CORAL_DTYPE']},
+    }
+    # rank 0 is the node its scheduler talks to; ranks 1..tp-1 follow it, meeting at this engine's own port
+    port = int(e['CORAL_TP_PORT']) + k
+    ranks = [dict(spec, tp={'rank': r, 'world': tp, 'init_method': f"tcp://127.0.0.1:{port}"})
+             for r in range(tp)] if tp > 1 else [spec]
+    env = dict(e, CUDA_VISIBLE_DEVICES=eng['gpus'])
+    procs += [subprocess.Popen([sys.executable, '-m', 'coral.runtime.engine.worker', 'engine', json.dumps(s)],
+                               start_new_session=True, env=env) for s in ranks]
 
 
 def stop(*_):
@@ -199,19 +203,20 @@ os.replace(path + '.tmp', path)
 
 def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
     cloud, region = _cloud_region(inst.region)
-    table = _node_table(inst, config)
+    table = _machine_table(plan, inst, config)
     served = next(m for m in plan.scenario.models if m.name == inst.model)
     offer = plan.scenario.catalog.offers.get((inst.region, config))
     resources: dict[str, object] = {"cloud": cloud, "region": region, "accelerators": _accelerators(config)}
     if offer is not None and config not in inst.derived:
         resources["instance_type"] = offer.instance_type
     cases = "\n".join(
-        f"  {n}) REPLICA={e['replica']} STAGE={e['stage']} NODE={e['node_index']} "
-        f"LAYER_START={e['layer_start']} LAYER_END={e['layer_end']} ;;" for n, e in enumerate(table))
+        f"  {n}) REPLICA={m['replica']} MACHINE={m['machine']} "
+        f"ENGINES={shlex.quote(json.dumps(m['engines'], separators=(',', ':')))} ;;" for n, m in enumerate(table))
     run = (
         "set -euo pipefail\n"
         ': "${CORAL_CONTROL_HOST:?launch the control plane first, then pass --env CORAL_CONTROL_HOST=<its IP>}"\n'
-        "# This node's place in the plan: its replica, pipeline stage, node index and layers.\n"
+        "# This machine's place in the plan: its replica, which of the template's nodes it is, and the engines it\n"
+        "# runs (one per stage entry there: stage, node index, layers, tensor-parallel degree, GPUs).\n"
         'case "$SKYPILOT_NODE_RANK" in\n'
         f"{cases}\n"
         '  *) echo "node rank $SKYPILOT_NODE_RANK is not in the plan" >&2; exit 1 ;;\n'
@@ -220,9 +225,8 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
         "# (the cloud network's), or what $CORAL_HOST_CMD prints (e.g. `tailscale ip -4` for a mesh across regions).\n"
         'if [ -n "${CORAL_HOST_CMD:-}" ]; then CORAL_NODE_HOST=$(eval "$CORAL_HOST_CMD"); '
         'else CORAL_NODE_HOST=$(echo "$SKYPILOT_NODE_IPS" | sed -n "$((SKYPILOT_NODE_RANK + 1))p"); fi\n'
-        "export REPLICA STAGE NODE LAYER_START LAYER_END CORAL_NODE_HOST\n"
-        'echo "coral engine: ${CORAL_INSTANCE_PREFIX}-r${REPLICA} stage ${STAGE} node ${NODE} '
-        'layers [${LAYER_START}, ${LAYER_END}) at ${CORAL_NODE_HOST}, tp ${CORAL_TP}"\n'
+        "export REPLICA MACHINE ENGINES CORAL_NODE_HOST\n"
+        'echo "coral engines: ${CORAL_INSTANCE_PREFIX}-r${REPLICA} machine ${MACHINE} at ${CORAL_NODE_HOST}: ${ENGINES}"\n'
         "python - <<'PY'\n" + _ENGINE_PY + "PY\n"
     )
     task: dict[str, object] = {
@@ -233,11 +237,10 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
             "CORAL_INSTANCE_PREFIX": inst.name,
             "CORAL_CONTROL_HOST": "",  # the control plane's address (`sky status --ip coral-control`), set with --env
             "CORAL_SCHEDULER_PORT": str(scheduler_port(inst.index, 0)),
-            "CORAL_TP": str(engine_tp(served.spec, split_config_name(config)[0])),
-            "CORAL_TP_PORT": str(TP_RENDEZVOUS_PORT),
+            "CORAL_TP_PORT": str(TP_RENDEZVOUS_PORT),  # engine k of a machine: its TP ranks meet at this + k
             "CORAL_HOST_CMD": "",
             "CORAL_WEIGHTS": f"/models/{served.spec.name}",
-            "CORAL_DEVICE": "cuda",  # rank r of a node uses cuda:r
+            "CORAL_DEVICE": "cuda",  # rank r of an engine uses cuda:r of its GPUs (CUDA_VISIBLE_DEVICES)
             "CORAL_DTYPE": "bfloat16",
             "CORAL_TORCH_THREADS": "8",
             "CORAL_INSTALL": "coral[runtime]",
@@ -259,25 +262,30 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
 
 def control_cluster(plan: PlanFile) -> dict[str, object]:
     """The cluster file the control plane serves (`coral serve --provisioner remote`): every planned
-    instance with its stages, per-node routing weights, node configurations and fixed scheduler port,
-    and each model's config and tokenizer (read from `/models/<model>`, where its setup puts them)."""
+    instance with its stages, per-node routing weights, stage entries (`configs`), each engine's TP
+    degree and machine (`tp`, `hosts`) and fixed scheduler port, and each model's config, tokenizer
+    (read from `/models/<model>`, where its setup puts them) and first-token mode."""
     specs = {m.name: m.spec for m in plan.scenario.models}
     models = sorted({i.model for i in plan.instances})
     instances = []
     for inst in plan.instances:
         weights = node_weights(plan, inst)
+        spec = specs[inst.model]
+        engines = inst.engines()
         for r in range(inst.count):
             instances.append({
                 "name": f"{inst.name}-r{r}", "model": inst.model, "phase": inst.phase.value, "region": inst.region,
                 "throughput_tok_per_s": inst.throughput_tok_per_s, "scheduler_port": scheduler_port(inst.index, r),
-                "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes)}
-                           for st, w in zip(inst.stages, weights, strict=True)]})
+                "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes),
+                            "tp": [coral_engine_tp(e.tp, spec) for e in engines if e.stage == s],
+                            "hosts": [e.host for e in engines if e.stage == s]}
+                           for s, (st, w) in enumerate(zip(inst.stages, weights, strict=True))]})
     return {
         # its run script sets the node's own address, the API key and the CurveZMQ keypair's folder
         "coordinator": {"host": "0.0.0.0", "port": HTTP_PORT},
         "device": "cpu",  # the control plane runs no layer
-        "models": [{"name": m, "weights": {"path": f"/models/{specs[m].name}"}, "tokenizer": f"/models/{specs[m].name}"}
-                   for m in models],
+        "models": [{"name": m, "weights": {"path": f"/models/{specs[m].name}"}, "tokenizer": f"/models/{specs[m].name}",
+                    "first_token": plan.first_token_of(m)} for m in models],
         "instances": instances,
     }
 
@@ -375,9 +383,18 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
         spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
         for config in sorted(set(inst.nodes)):
             task = _skypilot_task(plan, inst, config)
-            gpus, tp = split_config_name(config)[0], engine_tp(spec, split_config_name(config)[0])
-            extra = [] if tp == gpus else [f"# NOTE: each {config} node runs tensor-parallel {tp} ({spec.name}'s heads, KV heads "
-                                          f"or experts do not split {gpus} ways): {gpus - tp} GPU(s) per node idle"]
+            gpus = split_config_name(config)[0]
+            extra = []
+            for e in inst.engines():
+                tp = coral_engine_tp(e.tp, spec)
+                if e.node == config and tp < e.tp:
+                    extra.append(f"# NOTE: stage {e.stage} entry {e.entry} runs tensor-parallel {tp} on Coral's engine "
+                                 f"({spec.name}'s heads, KV heads or experts do not split {e.tp} ways): {e.tp - tp} of "
+                                 "its GPU(s) idle")
+            per = sorted({sum(1 for e in inst.engines() if e.host == h) for h, n in enumerate(inst.nodes) if n == config})
+            if per != [1]:
+                extra.append(f"# each {config} machine ({gpus} GPUs) runs {' or '.join(map(str, per))} engines, one per TP "
+                             "group, each on its own GPUs")
             files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
                                                    + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
     secrets = secrets or make_secrets()
@@ -399,45 +416,102 @@ def _sky_project_config(secrets: DeploymentSecrets) -> str:
             + yaml.safe_dump({"aws": {"security_group_name": group}}, sort_keys=False))
 
 
+def _vllm_servers(plan: PlanFile, inst: PlannedInstance) -> tuple[VllmServer, ...] | str:
+    spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
+    return vllm_layout([s.nodes for s in inst.stages], nodes=inst.nodes, hosts=inst.hosts or None, spec=spec)
+
+
 def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> str:
-    """The shell lines that start `inst` under vLLM (Ray across the pipeline's nodes when it has several).
+    """The shell lines that start one replica of `inst` under vLLM: one `vllm serve` per server of its layout
+    (:func:`coral.runtime.deploy.vllm.vllm_layout`), on the machine it names; Ray across a pipeline's machines.
+
+    A layout of one server is one command. A layout of several (the replicas of a one-stage template: a
+    server per machine with `--data-parallel-size` for its TP groups, or one per group where their
+    degrees differ) is a `case` on the script's first argument, the machine (`0 .. n-1`) it runs on;
+    servers sharing a machine get their own GPUs (`CUDA_VISIBLE_DEVICES`), ports (`port + 100·k`) and
+    NIXL side-channel ports.
 
     Raises:
-        CoralError: the template is not one vLLM can run (see :func:`coral.runtime.deploy.vllm.vllm_reason`).
+        CoralError: the template is not one vLLM can run.
     """
-    reason = vllm_reason([s.nodes for s in inst.stages])
-    if reason:
-        raise CoralError(f"{inst.name}: {reason}")
+    servers = _vllm_servers(plan, inst)
+    if isinstance(servers, str):
+        raise CoralError(f"{inst.name}: {servers}")
     served = next(m for m in plan.scenario.models if m.name == inst.model)
-    pp = len(inst.stages)
-    tp = split_config_name(inst.stages[0].nodes[0])[0]
     partition = ",".join(str(s.layers) for s in inst.stages)
     # NixlConnector takes kv_both on both sides; the P/D proxy in front sends each prompt to a
-    # prefill instance first, then to a decode one that pulls the KV (vLLM's NixlConnector guide).
+    # prefill instance first, then to a decode one that pulls the KV and emits the first token
+    # (vLLM's NixlConnector guide)
     role = ("prefill: the P/D proxy sends prompts here, decode instances pull the KV" if inst.phase is Phase.PREFILL
-            else "decode: pulls the KV of prompts prefilled elsewhere")
-    kv = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
-        "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port),
-        "--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp),
-        "--kv-transfer-config", json.dumps(kv, separators=(",", ":")),
-    ]
-    if pp > 1:
-        args += ["--distributed-executor-backend", "ray"]
-    env = [f"VLLM_PP_LAYER_PARTITION={partition}", f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT}"]
+            else "decode: pulls the KV of prompts prefilled elsewhere and emits every token, the first included")
+    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
+
+    def command(sv: VllmServer, k: int) -> str:
+        args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
+            "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port + 100 * k),
+            "--tensor-parallel-size", str(sv.tp), "--pipeline-parallel-size", str(sv.pp),
+        ]
+        if sv.dp > 1:
+            args += ["--data-parallel-size", str(sv.dp)]
+        args += ["--kv-transfer-config", kv]
+        if len(sv.hosts) > 1:
+            args += ["--distributed-executor-backend", "ray"]
+        env = [f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + 100 * k}"]
+        if sv.pp > 1:
+            env.insert(0, f"VLLM_PP_LAYER_PARTITION={partition}")
+        if len(sv.hosts) == 1:  # its own GPUs of the machine (a whole node: all of them)
+            env.insert(0, "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, sv.gpus)))
+        return " ".join(env) + " " + " ".join(shlex.quote(a) for a in args)
+
+    layout = "; ".join(f"machine {sv.host}: GPUs {','.join(map(str, sv.gpus))} TP {sv.tp} x PP {sv.pp} x DP {sv.dp}"
+                       for sv in servers)
     lines = [
-        f"# run once per replica ({inst.count}); {role}; pipeline " + " -> ".join(s.nodes[0] for s in inst.stages),
-        f"# layers per stage {partition} (sum {sum(s.layers for s in inst.stages)} = {served.spec.name}'s "
-        f"{served.spec.num_layers})",
+        f"# run once per replica ({inst.count}); {role}",
+        f"# layout: {layout} (stages: " + " | ".join("+".join(s.nodes) for s in inst.stages) + ")",
     ]
-    if pp > 1:
-        lines.append("# on every node: ray start (the head on stage 0's node, `ray start --address HEAD:6379` on the "
-                     "others); vLLM places pipeline ranks on Ray nodes itself, so with mixed GPU types check "
-                     "that rank s lands on stage s's node type")
-    if len({s.nodes[0] for s in inst.stages}) > 1:
-        lines.append("# heterogeneous pipeline: " + ", ".join(f"stage {k} {s.nodes[0]}" for k, s in enumerate(inst.stages)))
-    lines.append(" ".join(env) + " " + " ".join(shlex.quote(a) for a in args))
+    if servers[0].pp > 1:
+        lines.append(f"# layers per stage {partition} (sum {sum(s.layers for s in inst.stages)} = {served.spec.name}'s "
+                     f"{served.spec.num_layers})")
+    if len(servers) == 1:
+        sv = servers[0]
+        if len(sv.hosts) > 1:
+            lines.append("# on every machine: ray start (the head on stage 0's machine, `ray start --address HEAD:6379` on "
+                         "the others); vLLM places pipeline ranks on Ray nodes itself, so with mixed GPU types check "
+                         "that rank s lands on stage s's node type")
+        if len(set(inst.nodes)) > 1:
+            lines.append("# heterogeneous pipeline: " + ", ".join(f"stage {k} {s.nodes[0]}" for k, s in enumerate(inst.stages)))
+        lines.append(command(sv, 0))
+        return "\n".join(lines) + "\n"
+    machines = sorted({sv.host for sv in servers})
+    lines.append(f"# {len(servers)} vLLM servers on {len(machines)} machine(s): run this script on each machine of the "
+                 "replica with its number; the P/D proxy takes every server as one more " + inst.phase.value + " instance")
+    lines.append(f'MACHINE="${{1:?usage: $0 MACHINE, the machine of the replica this is (0..{machines[-1]})}}"')
+    lines.append('case "$MACHINE" in')
+    for h in machines:
+        mine = [sv for sv in servers if sv.host == h]
+        if len(mine) == 1:
+            lines.append(f"  {h}) exec {command(mine[0], 0)} ;;")
+        else:
+            body = " & ".join(command(sv, k) for k, sv in enumerate(mine))
+            lines.append(f"  {h}) {body} & wait ;;")
+    lines.append('  *) echo "machine $MACHINE is not in this layout" >&2; exit 1 ;;')
+    lines.append("esac")
     return "\n".join(lines) + "\n"
+
+
+def check_first_token_vllm(plan: PlanFile) -> None:
+    """Refuse a plan whose models emit their first token at the prefill instance: vLLM's P/D proxy emits it
+    from the decode instance, once the KV has arrived (the transfer counts in TTFT, not TPOT).
+
+    Raises:
+        CoralError: naming the first such model and the fixes.
+    """
+    for m in sorted({i.model for i in plan.instances}):
+        mode = plan.first_token_of(m)
+        if mode != "decode":
+            given = "" if m in plan.first_token else " by default"
+            raise CoralError(f"{plan.path}: {m} emits its first token from prefill (first_token {mode}{given}); vLLM's "
+                             "P/D proxy emits it from decode: re-plan for first_token decode, or export --format skypilot")
 
 
 # A `vllm serve` script's first lines: the deployment's API key, from the file beside it, into vLLM's variable.
@@ -456,15 +530,17 @@ def export_vllm(plan: PlanFile, *, allow_derived: bool = False, base_port: int =
     Coral's ZeroMQ.)
 
     Raises:
-        CoralError: a derived shape without `allow_derived`, or no instance vLLM can run.
+        CoralError: a model whose first token the plan emits at the prefill instance
+            (:func:`check_first_token_vllm`), a derived shape without `allow_derived`, or no instance vLLM can run.
     """
+    check_first_token_vllm(plan)
     warnings = _check_derived(plan, allow_derived)
     files: dict[str, str] = {}
     skipped: list[tuple[str, str]] = []
     for inst in plan.instances:
-        reason = vllm_reason([s.nodes for s in inst.stages])
-        if reason:
-            skipped.append((inst.name, reason))
+        servers = _vllm_servers(plan, inst)
+        if isinstance(servers, str):
+            skipped.append((inst.name, servers))
             continue
         port = base_port + inst.index
         files[f"{inst.name}.sh"] = ("#!/usr/bin/env bash\nset -euo pipefail\n" + _header(plan, inst, []) + _VLLM_KEY
@@ -536,4 +612,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "control_cluster", "engine_tp", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "check_first_token_vllm", "control_cluster", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

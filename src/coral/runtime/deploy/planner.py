@@ -178,7 +178,8 @@ class PlanPlanner:
         full = build_library(scenario, cache_dir=cache_dir or default_cache_dir())
         library = full
         if plan.engine == "vllm":
-            library = TemplateLibrary(templates=vllm_templates(full.templates), stats=full.stats)
+            library = TemplateLibrary(templates=vllm_templates(full.templates, {m.name: m.spec for m in scenario.models}),
+                                      stats=full.stats)
         availability = dict(scenario.availability)
         if plan.availability == "tight":
             availability = dict(tight_availability(scenario, full))

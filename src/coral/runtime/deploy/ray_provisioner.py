@@ -1,8 +1,11 @@
 """A provisioner on a Ray cluster: every engine node and scheduler is a Ray actor, placed by GPU type.
 
-Each instance gets one placement group: one bundle per engine node asking for the node's GPUs
-and a sliver of its GPU type's `accelerator_type:<GPU>` resource (what Ray sets on a GPU node,
-and what Ray Serve LLM places replicas by), plus a small CPU bundle for its scheduler. An actor
+Each engine node is one bundle asking for its GPUs (a whole node's, or its TP group's of the node:
+`4xL40S/tp1` asks for one) and a sliver of its GPU type's `accelerator_type:<GPU>` resource (what Ray
+sets on a GPU node, and what Ray Serve LLM places replicas by). A plan's instance gets one placement
+group per machine (`STRICT_PACK`: the TP groups `hosts` puts on one machine land on one Ray node);
+an instance without machines one placement group (`PACK`); the scheduler's small CPU bundle rides
+in the first. An actor
 owns one runtime process (`python -m coral.runtime.engine.worker ROLE SPEC`, the same entry point the
 local provisioner starts); killing the actor ends its process, which the coordinator sees as a
 dead engine. The local provisioner stays the default; this one needs the `ray` extra.
@@ -22,6 +25,7 @@ from typing import Any
 from coral.catalog.hardware import split_config_name
 from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, ServedModel
+from coral.runtime.deploy.layout import entry_tp
 from coral.runtime.deploy.provisioner import Provisioner, _free_port
 
 __all__ = ["RayProvisioner", "engine_device", "ray_capacity"]
@@ -162,7 +166,7 @@ class RayProvisioner(Provisioner):
         self.log_level = log_level
         self.actors: dict[str, Any] = {}  # process name -> actor handle
         self.pids_: dict[str, int] = {}
-        self.groups: dict[str, Any] = {}  # instance -> placement group
+        self.groups: dict[str, list[Any]] = {}  # instance -> its placement groups (one per machine, or one)
         self.retired: set[str] = set()
 
     # -- shapes and capacity ------------------------------------------------------------------
@@ -182,19 +186,35 @@ class RayProvisioner(Provisioner):
             return [list(s) for s in got]
         return [[self.default_config] * n for n in shape]
 
+    @staticmethod
+    def machines_of(inst: InstanceSpec) -> list[list[tuple[int, int]]] | None:
+        """The (stage, node index) of each engine, per machine of a placed instance whose engines name their
+        machine (`StageSpec.hosts`: a plan's TP groups of one node share it); None for one without."""
+        if not all(st.hosts for st in inst.stages):
+            return None
+        out: dict[int, list[tuple[int, int]]] = {}
+        for s, st in enumerate(inst.stages):
+            for k, h in enumerate(st.hosts):
+                out.setdefault(h, []).append((s, k))
+        return [out[h] for h in sorted(out)]
+
     def check_capacity(self, instances: Sequence[InstanceSpec]) -> None:
-        """Refuse a set of instances that needs more GPU nodes of a type than the Ray cluster has.
+        """Refuse a set of instances that needs more GPU nodes of a type than the Ray cluster has (a
+        machine of a placed instance counts once, however many of its TP groups it runs).
 
         Raises:
             CoralError: naming the GPU type, the nodes needed and the shortfall.
         """
         need: Counter[tuple[str, int]] = Counter()
         for inst in instances:
-            for stage in self.configs_of(inst):
-                for c in stage:
-                    if c is not None:
-                        count, gpu = split_config_name(c)
-                        need[(gpu, count)] += 1
+            configs = self.configs_of(inst)
+            machines = self.machines_of(inst)
+            groups = machines if machines is not None else [[(s, k)] for s, st in enumerate(configs) for k in range(len(st))]
+            for machine in groups:
+                c = configs[machine[0][0]][machine[0][1]]
+                if c is not None:
+                    count, gpu = split_config_name(c)
+                    need[(gpu, count)] += 1
         have = ray_capacity()
         for (gpu, count), n in sorted(need.items()):
             fits = sum(k for (g, c), k in have.items() if g == gpu and c >= count)
@@ -211,27 +231,43 @@ class RayProvisioner(Provisioner):
 
         configs = self.configs_of(inst)
         for s, (stage, st) in enumerate(zip(configs, inst.stages, strict=True)):
-            for c in stage:
-                if c is not None and split_config_name(c)[0] < st.tp:
-                    raise CoralError(f"instance {inst.name} stage {s}: tp {st.tp} needs {st.tp} GPUs per node, its "
-                                     f"node {c} has {split_config_name(c)[0]}")
+            for c, tp in zip(stage, st.tps, strict=True):
+                if c is not None and entry_tp(c) < tp:
+                    raise CoralError(f"instance {inst.name} stage {s}: tp {tp} needs {tp} GPUs per node, its "
+                                     f"node {c} has {entry_tp(c)}")
         self.retired.discard(inst.name)
-        bundles: list[dict[str, float]] = [{"CPU": 0.05}]  # the scheduler
-        for stage in configs:
-            for c in stage:
-                b: dict[str, float] = {"CPU": self.cpus_per_engine}
-                if c is not None:
-                    count, gpu = split_config_name(c)
-                    b.update({"GPU": float(count), f"accelerator_type:{gpu}": ACCELERATOR_SLIVER})
-                bundles.append(b)
-        pg = placement_group(bundles, strategy="PACK", name=f"coral-{inst.name}")
-        try:
-            ray.get(pg.ready(), timeout=self.placement_timeout_s)
-        except Exception:
-            ray.util.remove_placement_group(pg)
-            raise CoralError(f"instance {inst.name}: its placement group ({len(bundles) - 1} engine nodes) was not "
-                             f"placed within {self.placement_timeout_s:.0f} s; the Ray cluster lacks nodes") from None
-        self.groups[inst.name] = pg
+        keys = [(s, k) for s, st in enumerate(inst.stages) for k in range(len(st.node_throughputs))]
+        bundle: dict[tuple[int, int], dict[str, float]] = {}
+        for s, k in keys:
+            b: dict[str, float] = {"CPU": self.cpus_per_engine}
+            c = configs[s][k]
+            if c is not None:  # its GPUs: the whole node's, or its TP group's of the node
+                b.update({"GPU": float(entry_tp(c)), f"accelerator_type:{split_config_name(c)[1]}": ACCELERATOR_SLIVER})
+            bundle[(s, k)] = b
+        # one placement group per machine of a placed instance (STRICT_PACK: its TP groups on one Ray node),
+        # else one for the whole instance (PACK); the scheduler's small CPU bundle rides in the first
+        machines = self.machines_of(inst)
+        groups = machines if machines is not None else [keys]
+        strategy = "STRICT_PACK" if machines is not None else "PACK"
+        where: dict[tuple[int, int] | str, tuple[Any, int]] = {}
+        pgs = []
+        for g, members in enumerate(groups):
+            bundles = ([{"CPU": 0.05}] if g == 0 else []) + [bundle[m] for m in members]
+            pg = placement_group(bundles, strategy=strategy, name=f"coral-{inst.name}-{g}")
+            pgs.append(pg)
+            try:
+                ray.get(pg.ready(), timeout=self.placement_timeout_s)
+            except Exception:
+                for p in pgs:
+                    ray.util.remove_placement_group(p)
+                raise CoralError(f"instance {inst.name}: its placement group ({len(members)} engine node(s)"
+                                 f"{f' of machine {g}' if machines is not None else ''}) was not placed within "
+                                 f"{self.placement_timeout_s:.0f} s; the Ray cluster lacks nodes") from None
+            if g == 0:
+                where["scheduler"] = (pg, 0)
+            for i, m in enumerate(members):
+                where[m] = (pg, i + (1 if g == 0 else 0))
+        self.groups[inst.name] = pgs
         actor_cls = ray.remote(_Process)
         host = cluster.host
         common = {"curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
@@ -242,11 +278,11 @@ class RayProvisioner(Provisioner):
                   "throughput_tok_per_s": w}
                  for s, st in enumerate(inst.stages) for k, w in enumerate(st.node_throughputs)]
 
-        def spawn(name: str, role: str, spec: dict[str, Any], bundle: int) -> None:
-            b = bundles[bundle]
+        def spawn(name: str, role: str, spec: dict[str, Any], at: tuple[Any, int], b: dict[str, float]) -> None:
+            pg, index = at
             opts: dict[str, Any] = {"num_cpus": b["CPU"], "num_gpus": b.get("GPU", 0),
                                     "resources": {k: v for k, v in b.items() if k.startswith("accelerator_type:")},
-                                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
+                                    "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
                                     "name": f"coral/{name}", "max_restarts": 0}
             actor: Any = actor_cls.options(**opts).remote()  # type: ignore[attr-defined]
             self.actors[name] = actor
@@ -255,9 +291,10 @@ class RayProvisioner(Provisioner):
         spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
-            "host": host, "port": port, **common}, 0)
-        tps = [st.tp for st in inst.stages for _ in st.node_throughputs]
-        for i, (n, tp) in enumerate(zip(nodes, tps, strict=True)):
+            "host": host, "port": port, **common}, where["scheduler"], {"CPU": 0.05})
+        tps = [tp for st in inst.stages for tp in st.tps]
+        for n, tp in zip(nodes, tps, strict=True):
+            key = (int(n["stage"]), int(n["node_index"]))
             spec: dict[str, Any] = {
                 "instance_id": inst.name, "stage": n["stage"], "node_index": n["node_index"],
                 "scheduler": f"tcp://{host}:{port}", "host": host, "threads": cluster.torch_threads,
@@ -267,11 +304,11 @@ class RayProvisioner(Provisioner):
                           "dtype": cluster.dtype}}
             name = f"{inst.name}/{n['stage']}/{n['node_index']}"
             if tp == 1:
-                spawn(name, "engine", spec, i + 1)
+                spawn(name, "engine", spec, where[key], bundle[key])
                 continue
             # a tensor-parallel node: its ranks run in the node's one actor, over the GPUs Ray gave it
             rendezvous = f"tcp://{host}:{_free_port(host)}"
-            spawn(name, "engine", {**spec, "tp": {"rank": 0, "world": tp, "init_method": rendezvous}}, i + 1)
+            spawn(name, "engine", {**spec, "tp": {"rank": 0, "world": tp, "init_method": rendezvous}}, where[key], bundle[key])
             for rank in range(1, tp):
                 self.pids_[f"{name}/tp{rank}"] = ray.get(self.actors[name].start.remote(
                     "engine", {**spec, "tp": {"rank": rank, "world": tp, "init_method": rendezvous}}), timeout=60)
@@ -353,8 +390,7 @@ class RayProvisioner(Provisioner):
             del self.actors[n]
         for n in [n for n in self.pids_ if self._instance_of(n) == name]:
             del self.pids_[n]
-        pg = self.groups.pop(name, None)
-        if pg is not None:
+        for pg in self.groups.pop(name, []):
             ray.util.remove_placement_group(pg)
 
     def stop_all(self, timeout_s: float = 10.0) -> None:  # noqa: D102
