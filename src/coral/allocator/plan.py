@@ -189,6 +189,8 @@ class Plan:
                     "stages": [{"nodes": list(s.nodes), "layers": s.layers, "node_index": list(s.node_index),
                                 "throughput_tok_per_s": s.throughput_tok_per_s}
                                for s in i.template.placement.stages],
+                    # per stage entry, the index into `nodes` of the machine it runs on (Template.hosts)
+                    "hosts": [list(h) for h in i.template.hosts()],
                 }
                 for i in self.instances
             ],

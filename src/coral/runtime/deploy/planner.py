@@ -34,7 +34,7 @@ from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
 from coral.runtime.deploy.lifecycle import shape_key
 from coral.runtime.deploy.mapping import plan_instance_specs
 from coral.runtime.deploy.plan_file import parse_plan
-from coral.runtime.deploy.vllm import vllm_templates
+from coral.runtime.deploy.vllm import nodes_of, vllm_templates
 from coral.runtime.serving.window import EpochObservation
 from coral.scenario import Scenario, with_demand_scale
 from coral.scenario.traffic import traffic_sample
@@ -129,7 +129,8 @@ def template_key(spec: InstanceSpec) -> str | None:
     None for one without node configurations (a cluster file's own shape) or a mixed one."""
     if spec.phase == MIXED or not all(st.configs for st in spec.stages):
         return None
-    return f"{spec.model}/{spec.phase}/" + "+".join(sorted(c for st in spec.stages for c in st.configs))
+    # the stages name entries (whole nodes or TP groups of them); the key names the rented nodes
+    return f"{spec.model}/{spec.phase}/" + "+".join(nodes_of([st.configs for st in spec.stages]))
 
 
 @dataclasses.dataclass(slots=True)
