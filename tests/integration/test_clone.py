@@ -52,7 +52,7 @@ def test_the_copy_runs_its_own_sources(clone: tuple[Path, dict[str, str]]):
 def test_the_copy_reads_its_traces_and_profiles(clone: tuple[Path, dict[str, str]]):
     r = _coral(clone, "scenario", "show", "core", "--json")  # replays azure-code, azure-conv and burstgpt
     assert 0 == r.returncode, r.stderr
-    assert ["azure-code", "azure-conv", "burstgpt"] == [m["dataset"] for m in json.loads(r.stdout)["models"]]
+    assert ["burstgpt", "azure-code", "azure-conv"] == [m["dataset"] for m in json.loads(r.stdout)["models"]]
     r = _coral(clone, "calibrate", "--json")  # the Helix and Vidur profiles
     assert 0 == r.returncode, r.stderr
     assert json.loads(r.stdout)["summary"]["counted_points"] > 0

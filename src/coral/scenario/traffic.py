@@ -128,18 +128,21 @@ def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
 
 
 def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, str, float]:
-    """The lowest latency any template of `model` could reach in `phase`: every layer on one node
-    of the fastest usable configuration (a pipeline never shortens one request: its stages run one
-    after another), at the length the budget is checked at. Returns (ms, a description of that
-    node, prompt tokens)."""
+    """The lowest latency any template of `model` could reach in `phase`: every layer on one engine
+    of the fastest usable configuration, at the largest TP degree vLLM accepts there (a pipeline
+    never shortens one request: its stages run one after another), at the length the budget is
+    checked at. Returns (ms, a description of that engine, prompt tokens)."""
     from coral.perf.model import Phase, Shape
 
     served = scenario.model(model)
     lengths = length_summary(scenario, model)
     prompt = lengths.prompt_q if phase is Phase.PREFILL else lengths.prompt_mean
     shape = Shape(phase=phase, batch=1, prompt_tokens=prompt, output_tokens=lengths.output_mean)
+    # every engine a node can run: itself where vLLM takes its GPU count as the TP degree, else its TP groups
+    engines = [c if served.spec.tp_problem(c.count) is None else c.group(max(served.spec.valid_tp(c.count)))
+               for c in model_configs(scenario, model)]
     best = min((scenario.perf.node_time_s(c, served.spec, shape, served.spec.num_layers, first=True, last=True) * 1e3,
-                 c.name, c.memory_bytes) for c in model_configs(scenario, model))
+                 c.name, c.memory_bytes) for c in engines)
     holds = best[2] * planner_memory(scenario) >= served.spec.weights_bytes
     where = f"one {best[1]}" if holds else f"a pipeline as fast as {best[1]} per layer"
     return best[0], where, prompt
