@@ -106,14 +106,14 @@ class Catalog:
             # must price it. It is a part of the nearest larger sold node of the same GPU (as its
             # derived price is), so it gets that node's NIC share; with none larger, the nearest
             # smaller node's NIC.
-            sold = sorted((c.count, c.network_gbps) for c in self.configs.values()
-                          if c.gpu.name == gpu_name and not c.instance_type)
-            larger = [x for x in sold if x[0] > count]
+            nodes = sorted((c.count, c.network_gbps) for c in self.configs.values()
+                           if c.gpu.name == gpu_name and not c.instance_type)
+            larger = [x for x in nodes if x[0] > count]
             if larger:
                 n, gbps = larger[0]
                 nic = gbps * count / n
             else:
-                nic = sold[-1][1] if sold else DEFAULT_NETWORK_GBPS
+                nic = nodes[-1][1] if nodes else DEFAULT_NETWORK_GBPS
             return NodeConfig(gpu=self.gpus[gpu_name], count=count, network_gbps=nic)
         raise unknown("configuration", name, self.configs)
 

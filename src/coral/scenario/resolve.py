@@ -269,11 +269,11 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
     regions = tuple(catalog.check_region(r.name) for r in file.regions)
     # A shape stands for every instance type of it the scenario's regions sell: its default
     # (cheapest) type keeps the shape's name, each other type is `<shape>@<type>`.
-    configs = list(listed)
+    expanded = list(listed)
     for raw, c in zip(file.configs, listed, strict=True):
         if re.fullmatch(r"\d+x[^@/]+", raw.strip()):  # a bare shape; `<shape>@<type>` or a type pins one
-            configs += [catalog.configs[t] for t in catalog.types_of(c.name, regions) if t not in names]
-    configs = tuple(dict.fromkeys(configs))
+            expanded += [catalog.configs[t] for t in catalog.types_of(c.name, regions) if t not in names]
+    configs = tuple(dict.fromkeys(expanded))
     names = [c.name for c in configs]
     prices: dict[tuple[str, str], float] = {}
     availability: dict[tuple[str, str], int] = {}
