@@ -163,6 +163,7 @@ def soak(duration_s: float, kill_every_s: float, rate_per_s: float = 4.0, seed: 
         out["refused"] = sum(r["refused"] for r in reports.values())
         out["cut"] = sum(r["cut"] for r in reports.values())
         out["errors"] = [e for r in reports.values() for e in r["errors"]][:10]
+        out["lost"] = [f"{m}: {e}" for m, r in reports.items() for e in r.get("lost", [])]  # every cut or unanswered one
         if rss0:
             out["rss_growth_tree"] = rss1[0] / rss0[0] - 1
             out["rss_growth_serve"] = rss1[1] / rss0[1] - 1
@@ -184,7 +185,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
     worst = max((k["back_to_ok_s"] if k["back_to_ok_s"] is not None else float("inf")) for k in r["kills"])
     rows = [
         {"bench": f"chaos {duration:.0f} s: requests sent", "value": r["sent"], "unit": f"{len(r['kills'])} engines killed"},
-        {"bench": "chaos: sent - completed - refused (lost)", "value": r["sent"] - r["completed"] - r["refused"], "goal": "<= 0"},
+        {"bench": "chaos: sent - completed - refused (lost: cut + unanswered)", "value": r["sent"] - r["completed"] - r["refused"],
+         "goal": "<= 0", "unit": "; ".join(r["lost"])[:300]},
         {"bench": "chaos: cut streams", "value": r["cut"], "goal": "<= 0"},
         {"bench": "chaos: refused with an error", "value": r["refused"], "unit": "; ".join(r["errors"][:2])[:150]},
         {"bench": "chaos: worst seconds back to ok after a kill", "value": worst, "goal": "<= 30"},

@@ -308,6 +308,9 @@ class BenchReport:
     cut: int = 0  # of failed: streams that broke off mid-answer
     stats_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    #: every cut or unanswered request (not only the first errors, which refusals may fill): "outcome at
+    #: <send time> s (HTTP status, tokens received): error"
+    lost: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A flat dict (vLLM's key names where they exist)."""
@@ -417,6 +420,8 @@ def run_bench(
         total_token_throughput=(tin + tout) / duration, max_concurrency=max_concurrency, goodput_req_per_s=goodput,
         stats_ms=stats, errors=[r.error for r in done if not r.ok],
         refused=sum(r.outcome == "refused" for r in done), cut=sum(r.outcome == "cut" for r in done),
+        lost=[f"{r.outcome} at {r.sent_at_s:.1f} s (HTTP {r.status}, {r.output_tokens} tokens): {r.error}"
+              for r in done if r.outcome in ("cut", "failed")],
     )  # fmt: skip
     return report, done
 
