@@ -42,3 +42,26 @@ def test_the_window_keeps_at_most_keep_s_and_every_model_gets_one() -> None:
     assert 0 == len(rec.take(20.0)["a"])
     with pytest.raises(ValueError, match="keep_s"):
         RequestWindow(["a"], t0=0.0, keep_s=0.0)
+
+
+def test_a_closed_request_leaves_its_token_count_in_the_window_not_its_tokens() -> None:
+    """The window holds an hour of requests whether or not a planner takes it: a finished one keeps a
+    count (~90 B a request), not the list of its tokens (~1 KiB, which grew the chaos soak's server)."""
+    hub = InprocHub()
+    sched = InprocTransport(hub, "S")
+    coord = Coordinator(InprocTransport(hub, "C"), [ModelInfo(name="m", max_context=256, vocab_size=100)])
+    coord.register(InstanceHello(instance_id="S", model="m", phase=InstancePhase.MIXED, region="r",
+                                 throughput_tok_per_s=1.0, address="S"))  # fmt: skip
+    done = coord.submit("m", [1, 2, 3], max_tokens=4, temperature=0.0, seed=0)
+    running = coord.submit("m", [1] * 7, max_tokens=2, temperature=0.0, seed=0)
+    first, second = sched.recv(1.0), sched.recv(1.0)
+    coord.handle(TokenOut(request_id=first.request_id, tokens=(5, 6, 7, 8), finished=True, finish_reason="length"))
+    coord.handle(TokenOut(request_id=second.request_id, tokens=(5,), finished=False))
+    entry_done, entry_running = done.window, running.window
+    assert entry_done is not None and entry_running is not None
+    coord.close(done)
+    assert (4, [5]) == (entry_done.generated, entry_running.generated)  # the running one still grows
+    coord.handle(TokenOut(request_id=second.request_id, tokens=(6,), finished=True, finish_reason="length"))
+    coord.close(running)
+    assert (4, 2) == (entry_done.generated, entry_running.generated)
+    assert [4, 2] == coord.observe_epoch().window["m"].output_tokens.tolist()

@@ -57,7 +57,7 @@ from coral.runtime.protocol import (
 )
 from coral.runtime.serving.metrics import CacheInfo, FleetStats, ModelCounters
 from coral.runtime.serving.routing import InstanceView, RouteStates, pick_decode, pick_prefill
-from coral.runtime.serving.window import EpochObservation, RequestWindow
+from coral.runtime.serving.window import EpochObservation, RequestWindow, WindowEntry
 from coral.runtime.transport import Transport
 
 __all__ = [
@@ -128,6 +128,7 @@ class RequestHandle:
     sampling: SamplingParams | None = None
     #: called (on the coordinator's thread) with each TokenOut instead of putting it on ``queue``
     sink: Callable[[TokenOut], None] | None = None
+    window: WindowEntry | None = None  # its row in the live planner's window (settled when it is closed)
 
     def deliver(self, msg: TokenOut) -> None:
         """Hand one message to whoever reads this request."""
@@ -612,7 +613,7 @@ class Coordinator:
                 self._parked.append(h)
             self._handles[rid] = h
             self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
-            self._window.record(model, time.monotonic(), len(prompt), h.generated)
+            h.window = self._window.record(model, time.monotonic(), len(prompt), h.generated)
         return h
 
     def _dispatch(self, h: RequestHandle) -> bool:
@@ -738,6 +739,9 @@ class Coordinator:
         """
         with self._lock:
             self._handles.pop(h.request_id, None)
+            if h.window is not None:
+                self._window.settle(h.window)  # its token count stays in the window, its tokens go
+                h.window = None
             if not h.done:
                 h.done = True
                 self._cancel_attempt(h)

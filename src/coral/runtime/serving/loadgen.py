@@ -308,8 +308,8 @@ class BenchReport:
     cut: int = 0  # of failed: streams that broke off mid-answer
     stats_ms: dict[str, dict[str, float]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    #: every cut or unanswered request (not only the first errors, which refusals may fill): "outcome at
-    #: <send time> s (HTTP status, tokens received): error"
+    #: each cut or unanswered request (not only the first errors, which refusals may fill): "outcome at
+    #: <send time> s (HTTP status, tokens received): error"; the JSON keeps the first 50
     lost: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -319,6 +319,7 @@ class BenchReport:
             for k, v in st.items():
                 out[f"{k}_{metric}_ms"] = v
         out["errors"] = self.errors[:20]
+        out["lost"] = self.lost[:50]
         return out
 
     def render(self) -> str:
