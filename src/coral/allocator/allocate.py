@@ -25,8 +25,8 @@ from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.scenario.traffic import model_kv
 from coral.solver import SolveOptions, Status
+from coral.templates.planning import model_kv
 from coral.templates.template import Template, TemplateLibrary
 
 METHODS: tuple[str, ...] = ("coral", "homo", "cauchy", "template-greedy")

@@ -24,9 +24,9 @@ from coral.policy.routing import (
     choose_decode,
     least_work,
 )
-from coral.scenario.traffic import model_kv
 from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, RunRecord, SimResult, build_result
+from coral.templates.planning import model_kv
 from coral.templates.template import Template
 from coral.workload.trace import Trace
 
