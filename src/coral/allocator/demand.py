@@ -94,6 +94,7 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
     from coral.scenario.traffic import (
         component_attainment,
         length_summary,
+        model_kv,
         template_budget_ms,
     )
 
@@ -127,15 +128,18 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         window /= f
         q = component_attainment(scenario, m.name)
         lengths = length_summary(scenario, m.name)
-        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3,
+        # the KV allowance is the transfer's share of the SLO it counts in: queueing gets the rest
+        kv = model_kv(scenario, m.name)
+        kv_ttft_s = kv.allowance_ms / 1e3 if kv.owner is Phase.PREFILL else 0.0
+        kv_tpot_s = kv.allowance_ms / 1e3 if kv.owner is Phase.DECODE else 0.0
+        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3 - kv_ttft_s,
                                         budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
                                         prompt_q=lengths.prompt_q, attainment=q, model=m.name,
                                         instance_tok_per_s=rates.get(m.name), strict=samples is None)
-        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3,
+        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3 - kv_tpot_s,
                                         cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
-                                        # the quantile request's KV transfer is inside the decode
-                                        # templates' step budget ("prefill" mode) or in TTFT
-                                        # ("decode" mode): coral.templates.budget
+                                        # the KV transfer is the allowance taken off tpot_s above
+                                        # ("prefill" mode) or is in TTFT ("decode" mode)
                                         kv_s_per_token=0.0, kv_latency_s=0.0,
                                         attainment=q, model=m.name, strict=samples is None)
         key = None

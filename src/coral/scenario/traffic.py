@@ -100,7 +100,8 @@ def model_kv(scenario: Any, model: str) -> KvModel:
         if len(_KV) > 256:
             _KV.clear()
         hit = _KV[key] = kv_model(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
-                                  scenario.planner.first_token)
+                                  scenario.planner.first_token, scenario.planner.kv_ttft_share,
+                                  scenario.planner.kv_tpot_share)
     return hit
 
 
@@ -124,7 +125,7 @@ def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
     served = scenario.model(model)
     planner = scenario.planner
     return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
-                             tpot_headroom=planner.tpot_headroom)
+                             tpot_headroom=planner.tpot_headroom, kv=model_kv(scenario, model))
 
 
 def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, str, float]:
