@@ -38,6 +38,12 @@ class Slo:
         return self.ttft_ms if phase is Phase.PREFILL else self.tpot_ms
 
 
+def component_quantile(attainment: float) -> float:
+    """The quantile each phase is sized to so that both together reach `attainment`: a request
+    misses when either phase misses, so each phase gets half of the allowed misses."""
+    return 1.0 - (1.0 - attainment) / 2.0
+
+
 def request_tpot_s(ttft_s: np.ndarray, e2e_s: np.ndarray, output_tokens: np.ndarray) -> np.ndarray:
     """Per-request TPOT `(e2e − TTFT) / (D − 1)`; 0 for one-token outputs, NaN where unfinished."""
     out = np.asarray(output_tokens)

@@ -19,8 +19,9 @@ from coral.experiments.pipeline import prepare
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
 from coral.scenario import load_scenario
-from coral.scenario.traffic import length_summary, model_kv, template_budget_ms
+from coral.scenario.traffic import length_summary
 from coral.sim import simulate
+from coral.templates.planning import model_kv, template_budget_ms
 from coral.workload import Trace
 
 SMALL = {

@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
-from coral.allocator.ilp import build_plan, prev_counts, solve_allocation
+from coral.allocator.ilp import Allocated, build_plan, prev_counts, solve_allocation
 from coral.allocator.inputs import (
     AllocationInputs,
     Columns,
@@ -25,8 +25,8 @@ from coral.allocator.plan import Plan
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.scenario.traffic import model_kv
 from coral.solver import SolveOptions, Status
+from coral.templates.planning import model_kv
 from coral.templates.template import Template, TemplateLibrary
 
 METHODS: tuple[str, ...] = ("coral", "homo", "cauchy", "template-greedy")
@@ -114,15 +114,14 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
             return replace(fast, solve_s=time.perf_counter() - start)
         # the time limit covers the whole call: what the columns and the fast path took is spent
         left = max(options.time_limit_s - (time.perf_counter() - start), 0.05)
-        plan, notes = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
-        if plan is not None:
-            return plan
+        got = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
+        if isinstance(got, Allocated):
+            return got.plan
         # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
         nu = greedy_per_group(inputs, cols)
-        status = Status.ERROR if any("error" in n for n in notes) else Status.TIME_LIMIT
-        return build_plan(inputs, cols, nu, nu_prev, method=method, status=status,
+        return build_plan(inputs, cols, nu, nu_prev, method=method, status=got.status,
                           solve_s=time.perf_counter() - start, gap=None,
-                          notes=(*notes, "fallback: template-greedy plan"))
+                          notes=(*got.notes, "fallback: template-greedy plan"))
     nu = cauchy(inputs, cols) if method == "cauchy" else greedy_per_group(inputs, cols)
     plan = build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.FEASIBLE,
                       solve_s=time.perf_counter() - start, gap=None)
@@ -199,9 +198,10 @@ def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray,
     unbounded = np.where(cols.sold, np.inf, 0.0)
     sub = replace(cols, col_t=cols.col_t[idx], col_r=cols.col_r[idx], price=cols.price[idx],
                   ub=np.full(idx.size, np.inf), avail=unbounded)
-    plan, notes = solve_allocation(inputs, sub, nu_prev[idx], options, method=method)
-    if plan is None or plan.goodput_mode or plan.status is not Status.OPTIMAL:
+    got = solve_allocation(inputs, sub, nu_prev[idx], options, method=method)
+    if not isinstance(got, Allocated) or got.plan.goodput_mode or got.plan.status is not Status.OPTIMAL:
         return None
+    plan, notes = got.plan, got.notes
     nu = np.zeros(cols.num_cols, dtype=np.int64)
     nu[idx] = _sub_counts(inputs, plan, sub)
     used = np.zeros_like(cols.avail)

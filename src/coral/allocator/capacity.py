@@ -261,12 +261,6 @@ def decode_capacity(arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tok
                           predicted_attainment=float(np.mean(t <= tpot_s)), quantile_latency_s=_quantile(t, attainment))
 
 
-def component_quantile(attainment: float) -> float:
-    """The quantile each phase is sized to so that both together reach `attainment`: a request
-    misses when either phase misses, so each phase gets half of the allowed misses."""
-    return 1.0 - (1.0 - attainment) / 2.0
-
-
 def check_capacity_inputs(window_s: float, attainment: float) -> None:
     if not (math.isfinite(window_s) and window_s > 0):
         raise CoralError(f"capacity sample window must be a finite number > 0 s, got {window_s}")

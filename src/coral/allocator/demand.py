@@ -10,8 +10,17 @@ from typing import Any
 
 import numpy as np
 
+from coral.allocator import capacity_store
 from coral.allocator.capacity import CapacityTarget, decode_capacity, prefill_capacity
 from coral.perf.model import Phase
+from coral.scenario.traffic import (
+    component_attainment,
+    length_summary,
+    scenario_key,
+    traffic_sample,
+)
+from coral.templates.planning import model_kv, template_budget_ms
+from coral.templates.table import as_table
 from coral.workload.trace import Trace
 
 Group = tuple[str, Phase]
@@ -38,8 +47,6 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
     stage's data-parallel width: a request runs on one node per stage, so a stage of `w` nodes is
     `w` servers, not one `w` times as fast. Read from the library's arrays (usage, Θ), so only
     the winning template is made."""
-    from coral.allocator.inputs import _table
-
     price: dict[str, float] = {}
     for (_, c), p in scenario.prices.items():
         price[c] = min(p, price.get(c, math.inf))
@@ -48,7 +55,7 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
         ts = library.of(m.name, Phase.PREFILL)
         if not len(ts):
             continue
-        names, usage, theta = _table(ts).arrays()
+        names, usage, theta = as_table(ts).arrays()
         cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
         with np.errstate(invalid="ignore", divide="ignore"):
             per_dollar = np.where(np.isfinite(cost) & (cost > 0), theta / cost, -np.inf)
@@ -90,20 +97,10 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
             and the latency that misses); on given samples (an epoch's window) the capacity is sized
             for the best the templates allow instead.
     """
-    from coral.allocator import capacity_store
-    from coral.scenario.traffic import (
-        component_attainment,
-        length_summary,
-        model_kv,
-        template_budget_ms,
-    )
-
     use_store = capacity_store.enabled() if store is None else store
     rates = instance_rates(scenario, library) if library is not None else {}
     memo_key = None
     if samples is None and not scale and not boost:
-        from coral.scenario.traffic import scenario_key
-
         memo_key = (scenario_key(scenario), tuple(sorted(rates.items())))
         hit = _MEMO.get(memo_key)
         if hit is not None:
@@ -113,8 +110,6 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         if progress is not None:
             progress(done, len(scenario.models))
         if samples is None:
-            from coral.scenario.traffic import traffic_sample
-
             tr = traffic_sample(scenario, m.name)
         else:
             tr = samples.get(m.name) or Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, np.int64),

@@ -11,9 +11,12 @@ from typing import Any
 
 import numpy as np
 
+from coral.allocator.demand import capacity_targets
 from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import Scenario
+from coral.scenario.traffic import fastest_latency_ms, length_summary
+from coral.templates.planning import template_budget_ms
 from coral.templates.table import TemplateTable
 from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
@@ -133,8 +136,6 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     given = {(k[0], _phase(k[1], f"demand[{k[0]}, {k[1]}]")) for k in demand} if demand is not None else set()
     missing = [(m.name, ph) for m in scenario.models for ph in PHASES if (m.name, ph) not in given]
     if missing:
-        from coral.allocator.demand import capacity_targets
-
         targets = capacity_targets(scenario, library=library)
     for m in scenario.models:
         allowed[m.name] = tuple(m.regions) if m.regions else regions
@@ -171,8 +172,6 @@ def _explainer(scenario: Scenario) -> Callable[[Group], str] | None:
         return None
 
     def explain(g: Group) -> str:
-        from coral.scenario.traffic import fastest_latency_ms, length_summary, template_budget_ms
-
         try:
             budget = template_budget_ms(scenario, g[0], g[1])
             best, cfg, prompt = fastest_latency_ms(scenario, g[0], g[1])

@@ -13,7 +13,7 @@ from coral.experiments.fidelity_perf import EnginePerf
 from coral.experiments.fidelity_report import ape
 from coral.perf import Phase, Shape
 from coral.scenario import parse_scenario, resolve
-from coral.scenario.traffic import template_budget_ms
+from coral.templates.planning import template_budget_ms
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template
 from coral.workload import Trace

@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 
 from coral.allocator import Plan
-from coral.allocator.capacity import component_quantile
 from coral.allocator.demand import capacity_targets
 from coral.atomic import write_bytes
 from coral.errors import CoralError
@@ -18,6 +17,7 @@ from coral.experiments.pipeline import plan as solve
 from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.perf.model import Phase
 from coral.sim import simulate
+from coral.slo import component_quantile
 from coral.workload import build_workload
 
 Group = tuple[str, Phase]

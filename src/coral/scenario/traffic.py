@@ -1,12 +1,13 @@
 """A scenario's traffic as the planner sees it before any run: a sample of each model's workload
-(its "history"), the length summary at the attainment quantile and the KV model (DESIGN §4a)."""
+(its "history") and the length summary at the attainment quantile (DESIGN §4a); the KV model
+and the template budgets built on them are `coral.templates.planning`'s."""
 from __future__ import annotations
 
 from typing import Any
 
 from coral.catalog.hardware import NodeConfig
 from coral.errors import CoralError
-from coral.templates.budget import KvModel, kv_model
+from coral.slo import component_quantile
 from coral.workload.summary import LengthSummary, summarize_lengths
 from coral.workload.trace import Trace
 
@@ -61,9 +62,7 @@ def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *
 
 
 def component_attainment(scenario: Any, model: str) -> float:
-    """The quantile each phase of `model` is sized to (`capacity.component_quantile`)."""
-    from coral.allocator.capacity import component_quantile
-
+    """The quantile each phase of `model` is sized to (`coral.slo.component_quantile`)."""
     return component_quantile(scenario.model(model).slo.attainment)
 
 
@@ -87,24 +86,6 @@ def length_summary(scenario: Any, model: str) -> LengthSummary:
     return hit[1]
 
 
-_KV: dict[tuple[Any, ...], KvModel] = {}
-
-
-def model_kv(scenario: Any, model: str) -> KvModel:
-    """How `model`'s KV transfer is charged (`coral.templates.budget.kv_model`, with the planner's
-    `first_token` mode). Memoized per scenario content."""
-    key = (scenario_key(scenario), model)
-    hit = _KV.get(key)
-    if hit is None:
-        served = scenario.model(model)
-        if len(_KV) > 256:
-            _KV.clear()
-        hit = _KV[key] = kv_model(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
-                                  scenario.planner.first_token, scenario.planner.kv_ttft_share,
-                                  scenario.planner.kv_tpot_share)
-    return hit
-
-
 def planner_memory(scenario: Any) -> float:
     """The share of GPU memory the performance model lets weights and KV use."""
     return float(getattr(scenario.perf.system, "memory_utilization", 1.0))
@@ -112,20 +93,8 @@ def planner_memory(scenario: Any) -> float:
 
 def model_configs(scenario: Any, model: str) -> tuple[NodeConfig, ...]:
     """The configurations `model`'s templates may use: every one the scenario offers (each
-    template's own NIC times its KV transfer, `coral.templates.budget`)."""
+    template's own NIC times its KV transfer, `coral.templates.planning.model_kv`)."""
     return tuple(scenario.configs)
-
-
-def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
-    """The latency budget (ms) of `model`'s `phase` templates in this scenario: the one derivation
-    (`coral.templates.budget.latency_budget_ms` with the model's KV link) that the library,
-    `coral templates solve` and hand-made templates share."""
-    from coral.templates.budget import latency_budget_ms
-
-    served = scenario.model(model)
-    planner = scenario.planner
-    return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
-                             tpot_headroom=planner.tpot_headroom, kv=model_kv(scenario, model))
 
 
 def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, str, float]:

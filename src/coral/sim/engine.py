@@ -7,6 +7,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,9 +24,9 @@ from coral.policy.routing import (
     choose_decode,
     least_work,
 )
-from coral.scenario.traffic import model_kv
 from coral.sim.hosts import Hosts
-from coral.sim.result import EpochRecord, InstanceRecord, SimResult, build_result
+from coral.sim.result import EpochRecord, InstanceRecord, RunRecord, SimResult, build_result
+from coral.templates.planning import model_kv
 from coral.templates.template import Template
 from coral.workload.trace import Trace
 
@@ -33,6 +34,7 @@ from coral.workload.trace import Trace
 ReplanFn = Callable[[float, dict[tuple[str, Phase], float], list[InstanceSpec], dict[str, Trace]], list[InstanceSpec]]
 ProgressFn = Callable[[float, float], None]
 LanesFn = Callable[[Template], int]
+StepTraceFn = Callable[[tuple[Any, ...]], None]
 
 # Event kinds, which double as priorities at equal times: work completes before new work
 # arrives, and the epoch boundary sees the state after everything at its instant.
@@ -174,20 +176,43 @@ class _Instance:
         self.queue: deque[int] = deque()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimOptions:
+    """How the simulated cluster batches, routes and times its work (see `simulate`'s Args for
+    each field). Fixed for a run: the engine takes it at construction."""
+
+    prefill_batching: str = "tokens"
+    lanes: LanesFn | None = None
+    spread: bool = False
+    hosts: Hosts | None = None
+    router: str = "least-work"
+    decode_at_arrival: bool = False
+    step_trace: StepTraceFn | None = None
+    continuous: bool = True  # decode lanes admit sequences up to memory (`_Sim._seq_cap`), not the micro-batch
+
+    def __post_init__(self) -> None:
+        if self.prefill_batching not in ("tokens", "requests"):
+            raise CoralError(f"prefill_batching must be 'tokens' or 'requests', got {self.prefill_batching!r}")
+        if self.router not in ROUTERS:
+            raise CoralError(f"unknown router {self.router!r}; valid routers: {', '.join(ROUTERS)}")
+
+
 class _Sim:
     def __init__(self, scenario: object, traces: Mapping[str, Trace], *, duration_s: float, epoch_s: float,
-                 init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None) -> None:
-        self.prefill_batching = "tokens"
-        self.lanes: LanesFn | None = None
-        self.spread = False
-        self.decode_at_arrival = False
-        self.step_trace: Callable[[tuple[Any, ...]], None] | None = None
-        self.router = "least-work"
-        self.hosts: Hosts | None = None
-        self.continuous = True  # decode lanes admit sequences up to memory (`_seq_cap`), not the micro-batch
+                 init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None,
+                 options: SimOptions) -> None:
+        # the options, copied into attributes the hot paths read without a second lookup
+        self.prefill_batching = options.prefill_batching
+        self.lanes = options.lanes
+        self.spread = options.spread
+        self.decode_at_arrival = options.decode_at_arrival
+        self.step_trace = options.step_trace
+        self.router = options.router
+        self.hosts = options.hosts
+        self.continuous = options.continuous
         self._hosts: dict[str, _Host] = {}
         self._fe: _Node | None = None  # the front end's pseudo-node (Hosts.frontend_work)
-        self.fe_request = self.fe_token = 0.0
+        self.fe_request, self.fe_token = (0.0, 0.0) if options.hosts is None else options.hosts.frontend_work
         if not duration_s > 0:
             raise CoralError(f"duration_s must be > 0, got {duration_s}")
         if not epoch_s > 0:
@@ -317,7 +342,21 @@ class _Sim:
                 self._epoch(t)
         self.events = events
         self._close(end)
-        return build_result(self, wall_s=time.perf_counter() - wall0)
+        return build_result(self._record(), wall_s=time.perf_counter() - wall0)
+
+    def _record(self) -> RunRecord:
+        sc = self.sc
+        models = sc.models  # type: ignore[attr-defined]
+        return RunRecord(
+            scenario=str(getattr(sc, "name", "")), seed=self.seed, duration_s=self.duration_s, epoch_s=self.epoch_s,
+            init_s=self.init_s, models=tuple(self.models),
+            ttft_slo_s=tuple(m.ttft_ms / 1e3 for m in models), tpot_slo_s=tuple(m.tpot_ms / 1e3 for m in models),
+            attainment_target=tuple(m.slo.attainment for m in models),
+            model=self.r_model, arrival_s=self.r_arrival, prompt_tokens=self.r_prompt, output_tokens=self.r_out,
+            status=self.r_status, reason=self.r_reason, prefill_instance=self.r_pinst, decode_instance=self.r_dinst,
+            prefill_start_s=self.r_pstart, first_token_s=self.r_first, kv_arrival_s=self.r_kv,
+            decode_start_s=self.r_dstart, done_s=self.r_done, epochs=self.epochs,
+            instances=self.instance_records(), events=self.events)
 
     # -- instances --------------------------------------------------------------------------------
     def start_instance(self, spec: InstanceSpec, now: float, ready_s: float) -> _Instance:
@@ -930,7 +969,7 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
              progress: ProgressFn | None = None, prefill_batching: str = "tokens", lanes: LanesFn | None = None,
              spread: bool = False, hosts: Hosts | None = None, router: str = "least-work",
-             decode_at_arrival: bool = False, step_trace: Callable[[tuple[Any, ...]], None] | None = None) -> SimResult:
+             decode_at_arrival: bool = False, step_trace: StepTraceFn | None = None) -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -979,21 +1018,10 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
             instance in a region without a price for one of its nodes, a `lanes` below 1, a node
             placed on an unknown host.
     """
-    if prefill_batching not in ("tokens", "requests"):
-        raise CoralError(f"prefill_batching must be 'tokens' or 'requests', got {prefill_batching!r}")
+    options = SimOptions(prefill_batching=prefill_batching, lanes=lanes, spread=spread, hosts=hosts, router=router,
+                         decode_at_arrival=decode_at_arrival, step_trace=step_trace)
     sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
-               replan=replan, progress=progress)
-    if router not in ROUTERS:
-        raise CoralError(f"unknown router {router!r}; valid routers: {', '.join(ROUTERS)}")
-    sim.prefill_batching = prefill_batching
-    sim.router = router
-    sim.lanes = lanes
-    sim.spread = spread
-    sim.decode_at_arrival = decode_at_arrival
-    sim.step_trace = step_trace
-    sim.hosts = hosts
-    if hosts is not None:
-        sim.fe_request, sim.fe_token = hosts.frontend_work
+               replan=replan, progress=progress, options=options)
     for spec in initial:
         sim.start_instance(spec, 0.0, 0.0)
     return sim.run()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import matplotlib
 import numpy as np
@@ -12,8 +12,23 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-if TYPE_CHECKING:
-    from coral.sim.result import SimResult
+
+class PlottedRun(Protocol):
+    """What the plots read of a run (`coral.sim.result.SimResult` is one): per-request latencies
+    and model indices, the model names and the summary's per-epoch rows. A protocol rather than
+    an import, so that `result` (which writes the plots) and this module form no cycle."""
+
+    @property
+    def models(self) -> tuple[str, ...]: ...
+    @property
+    def model(self) -> np.ndarray: ...
+    @property
+    def ttft_s(self) -> np.ndarray: ...
+    @property
+    def tpot_s(self) -> np.ndarray: ...
+    @property
+    def e2e_s(self) -> np.ndarray: ...
+    def summary(self, *, timing: bool = True) -> dict[str, Any]: ...
 
 
 def _save(fig: Figure, path: Path) -> None:
@@ -94,7 +109,7 @@ def instances_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
-def write_plots(result: SimResult, folder: Path) -> list[Path]:
+def write_plots(result: PlottedRun, folder: Path) -> list[Path]:
     """Write latency CDFs per model, cost and goodput per epoch, and instances per epoch.
 
     Args:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,18 +289,51 @@ def _clean(x: Any) -> Any:
     return x
 
 
-def build_result(sim: Any, *, wall_s: float) -> SimResult:
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class RunRecord:
+    """What a finished engine run hands `build_result`: the run's parameters and its per-request
+    columns (indexed by request id, in arrival order), epochs and instances."""
+
+    scenario: str
+    seed: int
+    duration_s: float
+    epoch_s: float
+    init_s: float
+    models: tuple[str, ...]
+    ttft_slo_s: tuple[float, ...]
+    tpot_slo_s: tuple[float, ...]
+    attainment_target: tuple[float, ...]
+    model: Sequence[int]
+    arrival_s: Sequence[float]
+    prompt_tokens: Sequence[int]
+    output_tokens: Sequence[int]
+    status: Sequence[int]
+    reason: Sequence[str]
+    prefill_instance: Sequence[int]
+    decode_instance: Sequence[int]
+    prefill_start_s: Sequence[float]
+    first_token_s: Sequence[float]
+    kv_arrival_s: Sequence[float]
+    decode_start_s: Sequence[float]
+    done_s: Sequence[float]
+    epochs: Sequence[EpochRecord]
+    instances: Sequence[InstanceRecord]
+    events: int
+
+
+def build_result(run: RunRecord, *, wall_s: float) -> SimResult:
     """Freeze a finished engine run into a `SimResult`."""
-    sc = sim.sc
     return SimResult(
-        scenario=str(getattr(sc, "name", "")), seed=sim.seed, duration_s=sim.duration_s, epoch_s=sim.epoch_s,
-        init_s=sim.init_s, models=tuple(sim.models),
-        ttft_slo_s=tuple(m.ttft_ms / 1e3 for m in sc.models), tpot_slo_s=tuple(m.tpot_ms / 1e3 for m in sc.models),
-        attainment_target=tuple(m.slo.attainment for m in sc.models),
-        model=np.asarray(sim.r_model, dtype=np.int64), arrival_s=np.asarray(sim.r_arrival, dtype=np.float64),
-        prompt_tokens=np.asarray(sim.r_prompt, dtype=np.int64), output_tokens=np.asarray(sim.r_out, dtype=np.int64),
-        status=np.asarray(sim.r_status, dtype=np.int64), reason=tuple(sim.r_reason),
-        prefill_instance=np.asarray(sim.r_pinst, dtype=np.int64), decode_instance=np.asarray(sim.r_dinst, dtype=np.int64),
-        prefill_start_s=np.asarray(sim.r_pstart), first_token_s=np.asarray(sim.r_first), kv_arrival_s=np.asarray(sim.r_kv),
-        decode_start_s=np.asarray(sim.r_dstart), done_s=np.asarray(sim.r_done),
-        epochs=tuple(sim.epochs), instances=tuple(sim.instance_records()), events=sim.events, wall_s=wall_s)
+        scenario=run.scenario, seed=run.seed, duration_s=run.duration_s, epoch_s=run.epoch_s,
+        init_s=run.init_s, models=run.models,
+        ttft_slo_s=run.ttft_slo_s, tpot_slo_s=run.tpot_slo_s, attainment_target=run.attainment_target,
+        model=np.asarray(run.model, dtype=np.int64), arrival_s=np.asarray(run.arrival_s, dtype=np.float64),
+        prompt_tokens=np.asarray(run.prompt_tokens, dtype=np.int64),
+        output_tokens=np.asarray(run.output_tokens, dtype=np.int64),
+        status=np.asarray(run.status, dtype=np.int64), reason=tuple(run.reason),
+        prefill_instance=np.asarray(run.prefill_instance, dtype=np.int64),
+        decode_instance=np.asarray(run.decode_instance, dtype=np.int64),
+        prefill_start_s=np.asarray(run.prefill_start_s), first_token_s=np.asarray(run.first_token_s),
+        kv_arrival_s=np.asarray(run.kv_arrival_s), decode_start_s=np.asarray(run.decode_start_s),
+        done_s=np.asarray(run.done_s), epochs=tuple(run.epochs), instances=tuple(run.instances),
+        events=run.events, wall_s=wall_s)

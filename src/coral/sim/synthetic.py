@@ -27,7 +27,7 @@ def hand_template(scenario: Any, model: str, phase: Phase, nodes: Sequence[str],
     Returns:
         The template, or None when no placement fits memory and the SLO.
     """
-    from coral.scenario.traffic import template_budget_ms
+    from coral.templates.planning import template_budget_ms
 
     served = scenario.model(model)
     budget = template_budget_ms(scenario, model, phase)

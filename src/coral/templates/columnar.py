@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from coral.atomic import replacing
 from coral.perf.model import Phase
-from coral.templates.table import TemplateTable
+from coral.templates.table import TemplateTable, usage_matrix
 from coral.templates.template import LibraryStats, Template
 
 CONTAINER = "coral-parquet/1"  # how the rows are laid out (not what they mean: that is LIBRARY_FORMAT)
@@ -230,19 +230,6 @@ def write(path: Path, templates: Sequence[Template], stats: LibraryStats) -> Non
     table = table.replace_schema_metadata({_META: json.dumps(meta).encode()})
     with replacing(path) as tmp:
         pq.write_table(table, tmp, row_group_size=ROW_GROUP_ROWS, compression="zstd")
-
-
-def usage_matrix(templates: Sequence[Template]) -> tuple[list[str], np.ndarray]:
-    """(the configurations that occur, sorted; `U[t, c]` nodes of each in each template, int8)."""
-    names = sorted({n for t in templates for n in t.nodes})
-    index = {n: i for i, n in enumerate(names)}
-    lengths = np.fromiter((len(t.nodes) for t in templates), dtype=np.int64, count=len(templates))
-    codes = np.fromiter((index[n] for t in templates for n in t.nodes), dtype=np.int64, count=int(lengths.sum()))
-    owner = np.repeat(np.arange(len(templates), dtype=np.int64), lengths)
-    usage = np.bincount(owner * len(names) + codes, minlength=len(templates) * len(names))
-    if usage.size and usage.max() > np.iinfo(np.int8).max:
-        raise ValueError("a template with more than 127 nodes of one configuration")
-    return names, usage.reshape(len(templates), len(names)).astype(np.int8)
 
 
 def read(path: Path) -> TemplateTable | None:

@@ -3,7 +3,7 @@ micro-batch (DESIGN §3). Same answers as `coral.templates.exact` (tests hold th
 to the ILP and to brute force), 10–30× faster, which is what lets the `extended` library build
 in minutes instead of an hour.
 
-How one `(S, b)` problem is solved. The stage lists of the multiset (from `exact.stage_lists`) are
+How one `(S, b)` problem is solved. The stage lists of the multiset (from `multisets.stage_lists`) are
 read in enumeration order, keeping the best throughput Θ found so far. Each stage is a *slot*:
 a block of nodes (a sub-multiset, by node type) at a position class. A list beats Θ iff it is
 feasible just above Θ: every stage's `U_s = max{j ≤ cap_s : R_s(j) ≥ Θ}` is ≥ 1, `Σ U_s ≥ L`,
@@ -26,6 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from coral.templates.multisets import stage_lists, sub_multisets
 
 try:  # pragma: no cover - exercised by the environment, not by a test
     import numba  # type: ignore[import-untyped]
@@ -327,9 +329,7 @@ def solve_multiset(layers: int, slo_s: float, floor: float, cfg: np.ndarray, cou
 def structure(counts: tuple[int, ...], max_stages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[tuple[int, ...], ...]]:
     """The blocks (every non-empty sub-multiset of `counts`) and the stage lists of each depth
     `1..max_stages` as block ids: (blocks, rows_all, row_off, block tuples)."""
-    from coral.templates.exact import _sub_multisets, stage_lists
-
-    keys = tuple(_sub_multisets(counts))
+    keys = tuple(sub_multisets(counts))
     index = {b: i for i, b in enumerate(keys)}
     per_depth = [[[index[b] for b in lst] for lst in stage_lists(counts, s)] for s in range(1, max_stages + 1)]
     total = sum(len(x) for x in per_depth)

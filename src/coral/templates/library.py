@@ -17,6 +17,9 @@ from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
+from coral.scenario.traffic import length_summary
+from coral.templates.budget import latency_budget_ms
+from coral.templates.planning import model_kv
 from coral.templates.problem import (
     FIRST,
     LAST,
@@ -618,9 +621,6 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
     Raises:
         CoralError: a model whose traffic can't be read.
     """
-    from coral.scenario.traffic import length_summary, model_kv
-    from coral.templates.budget import latency_budget_ms
-
     planner = scenario.planner
     out = []
     for m in scenario.models:

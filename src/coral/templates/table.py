@@ -81,8 +81,6 @@ class TemplateTable(Sequence[Template]):
             if self._source is not None:
                 self._arrays = self._source.arrays()
             else:
-                from coral.templates.columnar import usage_matrix
-
                 ts = self._objects or ()
                 names, usage = usage_matrix(ts)
                 theta = np.fromiter((t.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
@@ -112,6 +110,19 @@ class TemplateTable(Sequence[Template]):
             if self.take([row])[0].nodes == want:  # rules out a hash collision
                 return row
         return None
+
+
+def usage_matrix(templates: Sequence[Template]) -> tuple[list[str], np.ndarray]:
+    """(the configurations that occur, sorted; `U[t, c]` nodes of each in each template, int8)."""
+    names = sorted({n for t in templates for n in t.nodes})
+    index = {n: i for i, n in enumerate(names)}
+    lengths = np.fromiter((len(t.nodes) for t in templates), dtype=np.int64, count=len(templates))
+    codes = np.fromiter((index[n] for t in templates for n in t.nodes), dtype=np.int64, count=int(lengths.sum()))
+    owner = np.repeat(np.arange(len(templates), dtype=np.int64), lengths)
+    usage = np.bincount(owner * len(names) + codes, minlength=len(templates) * len(names))
+    if usage.size and usage.max() > np.iinfo(np.int8).max:
+        raise ValueError("a template with more than 127 nodes of one configuration")
+    return names, usage.reshape(len(templates), len(names)).astype(np.int8)
 
 
 def as_table(templates: Sequence[Template]) -> TemplateTable:

@@ -1,4 +1,4 @@
-"""Goodput mode's α bounds from feasibility MILPs at α fixed (`_alpha_bound_probes`), held to the
+"""Goodput mode's α bounds from feasibility MILPs at α fixed (`alpha_bound_probes`), held to the
 exact max-α ILP on seeded small scarce instances: the bound is never below the optimum, the plan
 never above it, and the plan fits the availability."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from test_allocator_reduced import instance
 
-from coral.allocator.ilp import _alpha_bound_probes, _relaxed, decode_counts, formulate
+from coral.allocator.ilp import alpha_bound_probes, decode_counts, formulate, relaxed
 from coral.allocator.incumbent import max_alpha_incumbent, served
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import SolveOptions, Status, solve
@@ -30,7 +30,7 @@ def test_probe_bound_brackets_the_optimal_alpha(seed):
     cols = build_columns(inputs)
     prev = np.zeros(cols.num_cols)
     g_form = formulate(inputs, cols, prev, mode="goodput")
-    lp = solve(_relaxed(g_form).model)
+    lp = solve(relaxed(g_form).model)
     exact = solve(g_form.model, EXACT)
     assert lp.status is Status.OPTIMAL and exact.status is Status.OPTIMAL
     alpha_exact = float(served(cols, decode_counts(g_form, exact)).min())
@@ -38,7 +38,7 @@ def test_probe_bound_brackets_the_optimal_alpha(seed):
     nu0 = max_alpha_incumbent(cols, lp.x[:g_form.n], ub=g_form.model.col_upper[:g_form.n])
     alpha0 = float(served(cols, nu0).min())
     assert alpha0 > 0 and alpha_lp < 1.0 and (alpha_lp - alpha0) / alpha0 > 1e-3, "a draw with nothing to probe"
-    nu, bound, how = _alpha_bound_probes(inputs, cols, prev, g_form, lp, nu0, alpha_lp, _run, 1e-3, 20.0)
+    nu, bound, how = alpha_bound_probes(inputs, cols, prev, g_form, lp, nu0, alpha_lp, _run, 1e-3, 20.0)
     assert how != "none"
     alpha = float(served(cols, nu).min())
     assert alpha0 <= alpha <= alpha_exact + 1e-9

@@ -21,7 +21,7 @@ from coral.allocator.bounds import (
     lagrangian_alpha_bound,
     lagrangian_cost_bound,
 )
-from coral.allocator.ilp import _relaxed, decode_counts, formulate
+from coral.allocator.ilp import decode_counts, formulate, relaxed
 from coral.allocator.incumbent import served
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import SolveOptions, Status, solve
@@ -77,7 +77,7 @@ def test_integer_covers_beat_the_lp_by_hand():
     inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 150.0, ("m1", D): 150.0}, ["m1"]))
     cols = build_columns(inputs)
     form = formulate(inputs, cols, np.zeros(cols.num_cols))
-    lp = solve(_relaxed(form).model)
+    lp = solve(relaxed(form).model)
     factor = 1 + inputs.init_s / inputs.horizon_s
     assert lp.objective == pytest.approx(4.5 * factor)
     bound, covers = lagrangian_cost_bound(cols, form.model.c[:form.n], form.model.col_upper[:form.n], 1.0, lp)
@@ -96,7 +96,7 @@ def _scarce(seed):
 def test_alpha_bound_brackets_the_optimal_alpha(seed):
     inputs, cols, prev = _scarce(seed)
     g_form = formulate(inputs, cols, prev, mode="goodput")
-    lp = solve(_relaxed(g_form).model)
+    lp = solve(relaxed(g_form).model)
     exact = solve(g_form.model, EXACT)
     assert lp.status is Status.OPTIMAL and exact.status is Status.OPTIMAL
     alpha_exact = float(served(cols, decode_counts(g_form, exact)).min())
@@ -117,7 +117,7 @@ def test_cost_bound_between_lp_and_the_optimum(seed):
     best = solve(g_form.model, EXACT)
     alpha = 0.9 * min(float(served(cols, decode_counts(g_form, best)).min()), 1.0)  # a fraction some plan serves
     form = formulate(inputs, cols, prev, mode="cost", alpha=alpha)
-    lp = solve(_relaxed(form).model)
+    lp = solve(relaxed(form).model)
     exact = solve(form.model, EXACT)
     assert lp.status is Status.OPTIMAL and exact.status is Status.OPTIMAL
     got = lagrangian_cost_bound(cols, form.model.c[:form.n], form.model.col_upper[:form.n], alpha, lp)
@@ -130,7 +130,7 @@ def test_duals_recovered_from_reduced_costs_price_the_lp():
     # with the recovered duals and the knapsacks solved as LPs the Lagrangian is the LP's value
     inputs, cols, prev = _scarce(0)
     form = formulate(inputs, cols, prev, mode="cost", alpha=0.3)
-    lp = solve(_relaxed(form).model)
+    lp = solve(relaxed(form).model)
     lam = availability_duals(cols, form.model.c[:form.n], lp, maximize=False)
     assert lam is not None and (lam >= 0).all()
     w = np.einsum("jc,jc->j", cols.usage[cols.col_t].astype(float), lam[cols.col_r]) + form.model.c[:form.n]
@@ -159,7 +159,7 @@ def _hand_case():  # type: ignore[no-untyped-def]
     inputs = build_inputs(scenario, library, demand=demand_of({("m1", P): 100.0, ("m1", D): 200.0}, ["m1"]))
     cols = build_columns(inputs)
     g_form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
-    return cols, g_form, solve(_relaxed(g_form).model)
+    return cols, g_form, solve(relaxed(g_form).model)
 
 
 def test_alpha_bound_beats_the_lp_by_hand():
@@ -181,7 +181,7 @@ def test_cost_bound_from_another_models_lp_is_still_a_bound(seed):
     g_form = formulate(inputs, cols, prev, mode="goodput")
     best = min(float(served(cols, decode_counts(g_form, solve(g_form.model, EXACT))).min()), 1.0)
     other = formulate(inputs, cols, prev, mode="cost", alpha=0.9 * best)
-    other_lp = solve(_relaxed(other).model)
+    other_lp = solve(relaxed(other).model)
     alpha = 0.6 * best
     form = formulate(inputs, cols, prev, mode="cost", alpha=alpha)
     exact = solve(form.model, EXACT)
@@ -198,7 +198,7 @@ def test_column_generation_never_rules_out_a_served_alpha(seed):
     # upward from a served α is at least the optimum and at most the bound it was given
     inputs, cols, prev = _scarce(seed)
     g_form = formulate(inputs, cols, prev, mode="goodput")
-    lp = solve(_relaxed(g_form).model)
+    lp = solve(relaxed(g_form).model)
     exact = solve(g_form.model, EXACT)
     alpha_exact = float(served(cols, decode_counts(g_form, exact)).min())
     ub = g_form.model.col_upper[:g_form.n]

@@ -18,7 +18,7 @@ from allocator_helpers import (
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator.allocate import frontier_columns
-from coral.allocator.ilp import prev_counts, solve_allocation
+from coral.allocator.ilp import Allocated, prev_counts, solve_allocation
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import SolveOptions
 
@@ -37,8 +37,9 @@ def test_fast_path_matches_full_ilp(seed):
     assert verify_plan(plan, scenario, library, demand=demand) == []
     inputs = build_inputs(scenario, library, demand=demand)
     cols = build_columns(inputs)
-    full, _ = solve_allocation(inputs, cols, prev_counts(inputs, cols, None), EXACT)
-    assert full is not None
+    got = solve_allocation(inputs, cols, prev_counts(inputs, cols, None), EXACT)
+    assert isinstance(got, Allocated)
+    full = got.plan
     assert plan.cost_usd_per_h == pytest.approx(full.cost_usd_per_h, rel=1e-9)
 
 

@@ -9,7 +9,7 @@ from allocator_helpers import (
 )
 
 from coral.allocator import allocate, verify_plan
-from coral.allocator.ilp import _relaxed, formulate
+from coral.allocator.ilp import formulate, relaxed
 from coral.allocator.incumbent import max_alpha_incumbent, served
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import SolveOptions, solve
@@ -27,7 +27,7 @@ def test_rounded_lp_plan_fits_and_is_no_better_than_the_lp(seed):
     inputs = build_inputs(scenario, library, demand=demand)
     cols = build_columns(inputs)
     form = formulate(inputs, cols, np.zeros(cols.num_cols), mode="goodput")
-    lp = solve(_relaxed(form).model)
+    lp = solve(relaxed(form).model)
     ub = form.model.col_upper[:form.n]
     nu = max_alpha_incumbent(cols, lp.x[:form.n], ub=ub)
     assert nu.dtype.kind == "i" and (nu >= 0).all() and (nu <= ub).all()

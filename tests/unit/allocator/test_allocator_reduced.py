@@ -11,7 +11,7 @@ from allocator_helpers import (
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator import ilp as ilp_mod
-from coral.allocator.ilp import _relaxed, _sub_columns, formulate, reduced_cost_keep, start_vector
+from coral.allocator.ilp import formulate, reduced_cost_keep, relaxed, start_vector, sub_columns
 from coral.allocator.incumbent import min_cost_incumbent, served
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import MilpModel, SolveOptions, Status, solve
@@ -48,7 +48,7 @@ def test_reduced_cost_fixing_keeps_the_optimum(seed):
     cols = build_columns(inputs)
     prev = np.zeros(cols.num_cols)
     form = formulate(inputs, cols, prev)
-    lp = solve(_relaxed(form).model)
+    lp = solve(relaxed(form).model)
     full = solve(form.model, EXACT)
     assert lp.status is Status.OPTIMAL and full.status is Status.OPTIMAL, "a draw whose demand cannot be met"
     nu0 = min_cost_incumbent(cols, lp.x[:form.n], form.model.c[:form.n], ub=form.model.col_upper[:form.n])
@@ -62,7 +62,7 @@ def test_reduced_cost_fixing_keeps_the_optimum(seed):
     keep = reduced_cost_keep(form, lp, incumbent)
     assert keep is not None and keep[nu0 > 0].all()
     idx = np.flatnonzero(keep)
-    sub = formulate(inputs, _sub_columns(cols, idx), prev[idx])
+    sub = formulate(inputs, sub_columns(cols, idx), prev[idx])
     best = solve(sub.model, EXACT)
     assert min(best.objective, incumbent) == pytest.approx(full.objective, rel=1e-9)
 

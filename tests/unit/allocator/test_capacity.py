@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from coral.allocator.capacity import (
-    component_quantile,
     decode_capacity,
     erlang_c,
     fcfs_waits,
@@ -14,6 +13,7 @@ from coral.allocator.capacity import (
 )
 from coral.allocator.demand import Forecaster
 from coral.errors import CoralError
+from coral.slo import component_quantile
 
 
 def test_erlang_c_hand_values():

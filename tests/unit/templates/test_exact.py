@@ -5,7 +5,8 @@ import pytest
 
 from coral.templates import kernel
 from coral.templates.bruteforce import solve_bruteforce
-from coral.templates.exact import solve_exact, solve_exact_jit, solve_exact_numpy, stage_lists
+from coral.templates.exact import solve_exact, solve_exact_jit, solve_exact_numpy
+from coral.templates.multisets import stage_lists
 from coral.templates.problem import PlacementProblem, evaluate
 
 
