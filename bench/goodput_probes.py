@@ -11,7 +11,7 @@ on the columns reduced-cost fixing in the max-α LP keeps for that α. An INFEAS
 
 Cases: the bench's synthetic scarce seeds 1 and 2 and (when the extended library is cached) real
 `extended` at half the abundant plan's nodes, each a little above its best known α. Measured
-results are in docs/allocator.md (goodput mode, measured). Run:
+results are in docs/reference/allocator.md (goodput mode, measured). Run:
 `.venv/bin/python bench/goodput_probes.py [--limit 10]`.
 """
 from __future__ import annotations

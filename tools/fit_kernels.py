@@ -1,7 +1,7 @@
 """Re-fit the shipped kernel efficiencies (`KERNEL_EFFICIENCY` in `src/coral/perf/roofline.py`) from the public data.
 
 The fit rebuilds dense layers from the measured vLLM kernels in `src/coral/data/profiles/aiconfigurator_kernels/`
-(`coral.perf.kernels.kernel_report`; docs/perf.md). It prints the dictionary's lines to paste into roofline.py.
+(`coral.perf.kernels.kernel_report`; docs/reference/perf.md). It prints the dictionary's lines to paste into roofline.py.
 
     python tools/fit_kernels.py            # print the fitted KERNEL_EFFICIENCY lines
     python tools/fit_kernels.py --check    # exit 1 when the shipped numbers differ from the fit

@@ -1,7 +1,7 @@
 """Re-fit the shipped all-reduce rows (`src/coral/catalog/data/interconnects.csv`) from the public data.
 
 The rows come from the measured NCCL all-reduce in `src/coral/data/profiles/nccl_allreduce_aiconfigurator.csv`
-and Helix's layer profiles (`coral.perf.calibrate.link_table`; docs/perf.md says which GPU uses which).
+and Helix's layer profiles (`coral.perf.calibrate.link_table`; docs/reference/perf.md says which GPU uses which).
 
     python tools/fit_links.py            # rewrite interconnects.csv
     python tools/fit_links.py --check    # exit 1 when the shipped file differs from what this writes

@@ -71,7 +71,7 @@ def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
     home = tmp_path / "home"
     _sky_home(home, data_dir)
     env = {**os.environ, "HOME": str(home), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
-    # from the export folder, as docs/deploy.md launches it: SkyPilot reads its .sky.yaml, finds its secrets/
+    # from the export folder, as docs/howto/deploy.md launches it: SkyPilot reads its .sky.yaml, finds its secrets/
     proc = subprocess.run([exe, "-c", CHECK, *files], capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path / "sky")
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = json.loads(proc.stdout.strip().splitlines()[-1])

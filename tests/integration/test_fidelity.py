@@ -61,7 +61,7 @@ def test_fidelity_quick_end_to_end(tmp_path, data_dir):  # the Azure conversatio
     # every request of the trace ran on both sides and was matched one to one
     assert req["trace"] == req["real_finished"] == req["sim_finished"] == req["matched"]
     assert req["trace"] >= 20
-    # Measured 12-17 % on a quiet 2-core host, 68 % once with other jobs on the cores (docs/fidelity.md);
+    # Measured 12-17 % on a quiet 2-core host, 68 % once with other jobs on the cores (docs/results/fidelity.md);
     # the accuracy figure belongs to the experiment, not a timed test. This bound only catches wiring
     # mistakes, which are off by orders of magnitude: a unit slip (ms vs s), a lost per-request cost,
     # requests matched to the wrong partner.

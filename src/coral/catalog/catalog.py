@@ -334,7 +334,7 @@ def load_interconnects_csv(text: str, where: str = "interconnects.csv") -> dict[
 
 @functools.cache
 def builtin_links() -> dict[tuple[str, int], LinkFit]:
-    """The shipped all-reduce fits per (interconnect, GPUs per node); see docs/perf.md for their provenance."""
+    """The shipped all-reduce fits per (interconnect, GPUs per node); see docs/reference/perf.md for their provenance."""
     data = resources.files("coral.catalog").joinpath("data")
     return load_interconnects_csv(data.joinpath("interconnects.csv").read_text())
 

@@ -83,7 +83,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     """Which nodes to rent where, and how to split each model across them (DESIGN §4).
 
     Capacity per (model, phase) is sized so that the model's slo_attainment share of its requests
-    meets both SLOs on its traffic (docs/allocator.md). Exit codes: 0 plan written, 2 bad input,
+    meets both SLOs on its traffic (docs/reference/allocator.md). Exit codes: 0 plan written, 2 bad input,
     3 --verify / --calibrate predict a model below its attainment target, 4 the plan serves none of
     the demand (nothing written).
     """
@@ -189,7 +189,7 @@ def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:
 def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any, engine: str,
                        running_path: str | None) -> tuple[Any, dict[str, Any]]:
     """`coral plan --engine` / `--running`: restrict the library, plan the unrestricted baseline, read the
-    running plan (docs/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
+    running plan (docs/howto/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import plan
 

@@ -331,7 +331,7 @@ def replay_runtime(setup: HostSetup, opts: FidelityOptions, say: Callable[[str],
             starts["calibration_after"] = time.perf_counter()
             cal_recs += replay(srv.url, name, cal.arrival_s, cal.prompt_tokens, cal.output_tokens, vocab_size=vocab, seed=opts.seed + 2)
     # Other jobs on this host are measured, not modelled: as fair-share competitors (`background`)
-    # they slow the simulated engines far more than they slow the real ones (see docs/fidelity.md);
+    # they slow the simulated engines far more than they slow the real ones (see docs/results/fidelity.md);
     # that variant is reported as `with_background`.
     say(f"replay: this run used {meter.ours_cores:.2f} cores, other processes {meter.others_cores:.2f} "
         f"({meter.background:.2f} runnable threads on average); this run's threads waited for a core "

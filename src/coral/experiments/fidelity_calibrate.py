@@ -135,7 +135,7 @@ def fit_node_time(perf: EnginePerf, recs: list[Any], group: np.ndarray,
     The profile times layers in a tight loop, while the runtime's engines also pay for waking on
     a message, (de)serialising real hidden states and growing the KV cache. The calibration
     schedule runs before and after the trace (the host's speed drifts over minutes; see
-    docs/fidelity.md), and both rounds are fitted together. Fixed point: scale <- scale x real /
+    docs/results/fidelity.md), and both rounds are fitted together. Fixed point: scale <- scale x real /
     simulated mean (the simulated times also hold unscaled hops, so one step is not exact);
     clamped to [0.5, 3]. Each step simulates a new perf object; `perf` is not changed.
 
@@ -150,7 +150,7 @@ def fit_node_time(perf: EnginePerf, recs: list[Any], group: np.ndarray,
     ok = np.array([not r.error for r in recs])
     iso, multi, like = ok & (group == 1), ok & (group > 1), ok & (group == LIKE)
     # Fitted on the isolated requests. Fitting on the held-out traffic instead (the host as busy as
-    # in the trace) measured no better over three quiet runs each (docs/fidelity.md); that traffic
+    # in the trace) measured no better over three quiet runs each (docs/results/fidelity.md); that traffic
     # is replayed and reported as a check next to the groups.
     real_ttft = np.array([r.ttft_s for r in recs])
     real_tpot = np.array([r.tpot_s for r in recs])

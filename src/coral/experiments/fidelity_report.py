@@ -113,7 +113,7 @@ def taken_steps(meter: Any, offset: float, cores: float, against: float) -> list
     runtime. The runtime's threads sleep between messages and Linux runs a thread that wakes
     from sleep ahead of CPU-bound neighbours, so neighbours that used the cores while the runtime
     slept do not keep them when it wakes: a few busy neighbours barely slow it, many do (measured
-    in docs/fidelity.md). The study counts the runtime as one thread per core (`against = cores`)."""
+    in docs/results/fidelity.md). The study counts the runtime as one thread per core (`against = cores`)."""
     out: list[tuple[float, float]] = []
     taken = meter.taken
     steps = meter.steps

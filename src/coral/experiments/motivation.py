@@ -23,7 +23,7 @@ PAPER_GAP_NOTE = (
     "**Why the absolute numbers are not the paper's** (ours {ratio:.1f}× theirs): the paper measured "
     "its templates on its own engine and priced them with its own prices. Ours come from the "
     "performance model (the roofline calibrated on Helix's per-layer latencies, H100 efficiencies "
-    "from Vidur's GEMM profiles; docs/perf.md) and the built-in catalog's prices, not from a "
+    "from Vidur's GEMM profiles; docs/reference/perf.md) and the built-in catalog's prices, not from a "
     "measured engine, so the absolute tok/s per $/h differs. Heterogeneous and homogeneous "
     "templates are timed by the same model, so their *ratio* is what to compare with the paper.")
 

@@ -2,7 +2,7 @@
 
 The measurements are Helix's per-layer LLaMA-2-70B profiles (`<gpu>[x<n>]_{prompt,decode}_bs2time.csv`:
 tokens in the batch, ms per decoder layer). Helix does not state the decode context of its
-profiles; we assume a mean context of `HELIX_DECODE_CONTEXT` tokens (documented in docs/perf.md).
+profiles; we assume a mean context of `HELIX_DECODE_CONTEXT` tokens (documented in docs/reference/perf.md).
 """
 from __future__ import annotations
 
@@ -637,7 +637,7 @@ def render_interconnects(links: dict[tuple[str, int], LinkFit]) -> str:
     head = [
         "# All-reduce cost per (interconnect, GPUs per node): t(s) = max(floor, latency + 2(n-1)/n * 32MiB/bus"
         " * (s/32MiB)^size_exponent).",
-        "# Written by tools/fit_links.py (coral.perf.calibrate.link_table); see docs/perf.md. Provenance per row"
+        "# Written by tools/fit_links.py (coral.perf.calibrate.link_table); see docs/reference/perf.md. Provenance per row"
         " in `source`.",
         f"# {', '.join(AIC_SYSTEMS.values())}: fitted to the measured NCCL all-reduce shipped in",
         f"#   aiconfigurator-core (src/coral/data/profiles/{AIC_FILE}), 4 KiB - 256 MiB, GPUs of one node.",

@@ -33,7 +33,7 @@ class Efficiency:
 
 # Fitted by `coral calibrate` (coral.perf.calibrate): A100-40GB, V100, L4 and T4 to Helix's
 # measured per-layer latencies of LLaMA-2-70B on one GPU (their multi-GPU nodes fit the PCIe
-# link in interconnects.csv instead). See docs/perf.md. DEFAULT_EFFICIENCY, the median of these
+# link in interconnects.csv instead). See docs/reference/perf.md. DEFAULT_EFFICIENCY, the median of these
 # four fits, models a GPU with no fit of its own.
 FITTED_EFFICIENCY: dict[str, Efficiency] = {
     "A100-40GB": Efficiency(flops=0.843, decode_flops=0.406, bandwidth=0.800, layer_overhead_s=2.0e-4),
@@ -64,7 +64,7 @@ KERNEL_EFFICIENCY: dict[str, Efficiency] = {
     "B200": Efficiency(flops=0.671, decode_flops=0.566, bandwidth=0.811, layer_overhead_s=25.3e-6),
 }
 # A10G has no measurements: it borrows the L40S fit (the same class of part: a GDDR6 graphics die on
-# PCIe, Ampere GA102 to Ada AD102, running the same FlashAttention-2 kernels). docs/perf.md says why.
+# PCIe, Ampere GA102 to Ada AD102, running the same FlashAttention-2 kernels). docs/reference/perf.md says why.
 KERNEL_BORROWED = {"A10G": "L40S"}
 FITTED_EFFICIENCY.update(KERNEL_EFFICIENCY)
 FITTED_EFFICIENCY.update({gpu: KERNEL_EFFICIENCY[src] for gpu, src in KERNEL_BORROWED.items()})

@@ -7,7 +7,9 @@ from typing import Any
 
 from coral.catalog.hardware import NodeConfig
 from coral.errors import CoralError
+from coral.perf.model import Phase, Shape
 from coral.slo import component_quantile
+from coral.workload import build_workload
 from coral.workload.summary import LengthSummary, summarize_lengths
 from coral.workload.trace import Trace
 
@@ -42,8 +44,6 @@ def traffic_sample(scenario: Any, model: str, duration_s: float | None = None, *
     Raises:
         CoralError: the workload's data cannot be read.
     """
-    from coral.workload import build_workload
-
     served = scenario.model(model)
     window = float(duration_s or scenario.planner.history_s)
     workload = served.workload
@@ -102,8 +102,6 @@ def fastest_latency_ms(scenario: Any, model: str, phase: Any) -> tuple[float, st
     of the fastest usable configuration, at the largest TP degree vLLM accepts there (a pipeline
     never shortens one request: its stages run one after another), at the length the budget is
     checked at. Returns (ms, a description of that engine, prompt tokens)."""
-    from coral.perf.model import Phase, Shape
-
     served = scenario.model(model)
     lengths = length_summary(scenario, model)
     prompt = lengths.prompt_q if phase is Phase.PREFILL else lengths.prompt_mean

@@ -9,6 +9,7 @@ from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy.routing import InstanceSpec
 from coral.templates.exact import solve_exact
+from coral.templates.planning import template_budget_ms
 from coral.templates.problem import build_problem
 from coral.templates.template import Template
 
@@ -27,8 +28,6 @@ def hand_template(scenario: Any, model: str, phase: Phase, nodes: Sequence[str],
     Returns:
         The template, or None when no placement fits memory and the SLO.
     """
-    from coral.templates.planning import template_budget_ms
-
     served = scenario.model(model)
     budget = template_budget_ms(scenario, model, phase)
     configs = [scenario.config(n) for n in sorted(nodes)]

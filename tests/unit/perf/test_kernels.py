@@ -81,7 +81,7 @@ def test_heldout_models_within_the_measured_error(report):
 
 def test_moe_layers_run_slower_than_the_dense_fit_predicts(report):
     """gpt-oss (MXFP4 experts): the roofline with the dense fit is faster than the measured layer
-    on every GPU with the MoE kernel: median -19 % (L40S) to -40 % (B200). Not corrected (docs/perf.md)."""
+    on every GPU with the MoE kernel: median -19 % (L40S) to -40 % (B200). Not corrected (docs/reference/perf.md)."""
     gpus = {r.gpu for r in report.moe_rows}
     assert gpus == {"L40S", "H100", "H200", "B200"}  # A100's tables have no gpt-oss MoE
     assert {r.model for r in report.moe_rows} == {"gpt-oss-20b", "gpt-oss-120b"}

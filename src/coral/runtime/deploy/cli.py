@@ -18,7 +18,7 @@ from coral.runtime.deploy.export import FORMATS
 @click.option("--plan", "plan_path", default=None, type=click.Path(dir_okay=False),
               help="Plan file written by `coral plan --out plan.json` (skypilot, vllm; grafana needs none).")
 @click.option("--format", "fmt", required=True, type=click.Choice(FORMATS),
-              help="skypilot: a control-plane task and an engine task YAML per (instance, node configuration), launch order in docs/deploy.md; vllm: a `vllm serve` script per instance; grafana: a dashboard of the metrics (Grafana's JSON, import it as it is).")
+              help="skypilot: a control-plane task and an engine task YAML per (instance, node configuration), launch order in docs/howto/deploy.md; vllm: a `vllm serve` script per instance; grafana: a dashboard of the metrics (Grafana's JSON, import it as it is).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Folder to write: new, empty, or an earlier export (replaced whole); nothing is written on error.")
 @click.option("--scenario", "scenario_name", default=None,
@@ -27,7 +27,7 @@ from coral.runtime.deploy.export import FORMATS
               help="Export derived shapes (not sold in their region) anyway, flagged, instead of refusing.")
 @click.option("--strict", is_flag=True, help="vllm: refuse (exit 2) when any instance is not expressible, instead of listing it.")
 def export_cmd(plan_path: str | None, fmt: str, out: str, scenario_name: str | None, allow_derived: bool, strict: bool) -> None:
-    """Export a plan for SkyPilot or vLLM (docs/deploy.md).
+    """Export a plan for SkyPilot or vLLM (docs/howto/deploy.md).
 
     Exit codes: 0 written, 2 bad input (plan of another scenario or an older version, a derived
     shape without --allow-derived, an instance the format cannot express with --strict).

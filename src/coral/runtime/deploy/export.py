@@ -9,7 +9,7 @@ up to the plan's per (region, configuration). Each node's `run` picks its replic
 template's machines it is from `SKYPILOT_NODE_RANK`, its own address from `SKYPILOT_NODE_IPS`, and
 starts one Coral engine node per stage entry the layout puts on that machine (a whole node, or each
 of its TP groups on its own GPUs), each dialling its scheduler at `$CORAL_CONTROL_HOST`
-(docs/deploy.md has the launch order).
+(docs/howto/deploy.md has the launch order).
 
 vLLM: the `vllm serve` processes of each instance line whose layout vLLM can express
 (:mod:`coral.runtime.deploy.vllm`), with the tensor, pipeline and data-parallel sizes, the uneven
@@ -409,10 +409,10 @@ def _sky_project_config(secrets: DeploymentSecrets) -> str:
     """SkyPilot's project config for the export folder: every cluster of the deployment in one AWS security
     group, which SkyPilot creates admitting its own members (and SSH): the engines reach the schedulers'
     ports over the private network without publishing them. SkyPilot opens no port in a group it was
-    given, so the front end's port is opened once by hand, to the clients only (docs/deploy.md)."""
+    given, so the front end's port is opened once by hand, to the clients only (docs/howto/deploy.md)."""
     group = "coral-" + hashlib.sha256(secrets.curve_public.encode()).hexdigest()[:10]
     return ("# SkyPilot project config (read from the folder `sky launch` runs in): every cluster of this deployment\n"
-            f"# in one security group; open the HTTP port {HTTP_PORT} of it to your clients once (docs/deploy.md).\n"
+            f"# in one security group; open the HTTP port {HTTP_PORT} of it to your clients once (docs/howto/deploy.md).\n"
             + yaml.safe_dump({"aws": {"security_group_name": group}}, sort_keys=False))
 
 

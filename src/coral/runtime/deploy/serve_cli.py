@@ -37,7 +37,7 @@ __all__ = ["keys", "serve"]
     "local: child processes on this machine; ray: Ray actors, one placement group per instance, placed by "
     "accelerator_type (with --plan, each node's GPU type; the plan is refused when the Ray cluster is short); "
     "remote: only the schedulers run here, each on its instance's scheduler_port, and the engine nodes are started "
-    "elsewhere and dial in (the control plane of `coral export --format skypilot`, docs/deploy.md)."))
+    "elsewhere and dial in (the control plane of `coral export --format skypilot`, docs/howto/deploy.md)."))
 @click.option("--ray-address", default=None, help="With --provisioner ray: the Ray cluster to join (default: a local one).")
 @click.option("--dry-run", is_flag=True, help=(
     "Serve the first plan, then only log the actions later plan changes (epochs, /admin/plan) would take."))
