@@ -56,8 +56,8 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
         if not len(ts):
             continue
         names, usage, theta = as_table(ts).arrays()
-        cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):  # an unpriced config: inf (or 0 x inf = nan)
+            cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
             per_dollar = np.where(np.isfinite(cost) & (cost > 0), theta / cost, -np.inf)
         best = int(np.argmax(per_dollar))
         if not np.isfinite(per_dollar[best]):
