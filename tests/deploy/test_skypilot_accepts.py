@@ -94,7 +94,11 @@ def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
         # the instance type SkyPilot's catalog knows carries exactly the accelerators the task asks for
         assert t["catalog_accelerators"] == t["accelerators"]
         ((gpu, count),) = t["accelerators"].items()
-        key = (f"aws:{t['region']}", f"{int(count)}x{gpu}")
+        shape = f"{int(count)}x{gpu}"
+        # an instance type other than the shape's default is its own configuration, asked for by name
+        typed = [n["config"] for n in data["nodes"] if n["config"].startswith(shape + "@")
+                 and n.get("instance_type") == t["instance_type"]]
+        key = (f"aws:{t['region']}", typed[0] if typed else shape)
         total[key] = total.get(key, 0) + t["num_nodes"]
     assert {(n["region"], n["config"]): n["count"] for n in data["nodes"] if n["count"]} == total
 
@@ -111,7 +115,8 @@ def test_core_plan_exports_to_skypilot(tmp_path, data_dir):
     r = run("plan", "--scenario", "core", "--out", str(plan))
     assert r.exit_code == 0, r.output
     data = json.loads(plan.read_text())
-    _check_with_skypilot(plan, data, tmp_path, data_dir, "--allow-derived")
+    assert not any(n.get("derived") for n in data["nodes"])  # the built-in offers only sold shapes
+    _check_with_skypilot(plan, data, tmp_path, data_dir)
 
 
 def test_skypilot_rejects_a_broken_task(tmp_path, data_dir):

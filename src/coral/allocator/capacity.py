@@ -122,7 +122,9 @@ def _reachable(unqueued: np.ndarray, slo_s: float, attainment: float, strict: bo
     where that reaches it; otherwise (strict) a `CoralError` saying `why`, or (not strict) the share
     that latency does reach, less half a point, and None when that is nothing."""
     best = _quantile(unqueued, attainment)
-    if best <= slo_s:
+    # the share itself, not the interpolated quantile: on a few requests the quantile can sit
+    # under the SLO while fewer than `attainment` of them do, and no capacity would then reach it
+    if float(np.mean(unqueued <= slo_s)) >= attainment:
         return attainment
     if strict:
         raise CoralError(why(best))

@@ -19,7 +19,7 @@ from coral.scenario.traffic import (
     scenario_key,
     traffic_sample,
 )
-from coral.templates.planning import template_budget_ms
+from coral.templates.planning import model_kv, template_budget_ms
 from coral.templates.table import as_table
 from coral.workload.trace import Trace
 
@@ -56,8 +56,8 @@ def instance_rates(scenario: Any, library: Any) -> dict[str, float]:
         if not len(ts):
             continue
         names, usage, theta = as_table(ts).arrays()
-        cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
-        with np.errstate(invalid="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", divide="ignore"):  # an unpriced config: inf (or 0 x inf = nan)
+            cost = usage.astype(float) @ np.array([price.get(n, math.inf) for n in names])
             per_dollar = np.where(np.isfinite(cost) & (cost > 0), theta / cost, -np.inf)
         best = int(np.argmax(per_dollar))
         if not np.isfinite(per_dollar[best]):
@@ -123,15 +123,18 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         window /= f
         q = component_attainment(scenario, m.name)
         lengths = length_summary(scenario, m.name)
-        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3,
+        # the KV allowance is the transfer's share of the SLO it counts in: queueing gets the rest
+        kv = model_kv(scenario, m.name)
+        kv_ttft_s = kv.allowance_ms / 1e3 if kv.owner is Phase.PREFILL else 0.0
+        kv_tpot_s = kv.allowance_ms / 1e3 if kv.owner is Phase.DECODE else 0.0
+        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3 - kv_ttft_s,
                                         budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
                                         prompt_q=lengths.prompt_q, attainment=q, model=m.name,
                                         instance_tok_per_s=rates.get(m.name), strict=samples is None)
-        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3,
+        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3 - kv_tpot_s,
                                         cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
-                                        # the quantile request's KV transfer is inside the decode
-                                        # templates' step budget ("prefill" mode) or in TTFT
-                                        # ("decode" mode): coral.templates.budget
+                                        # the KV transfer is the allowance taken off tpot_s above
+                                        # ("prefill" mode) or is in TTFT ("decode" mode)
                                         kv_s_per_token=0.0, kv_latency_s=0.0,
                                         attainment=q, model=m.name, strict=samples is None)
         key = None

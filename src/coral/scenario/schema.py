@@ -86,6 +86,14 @@ class PlannerEntry(_Strict):
         "Decode templates must make one step within this share of the TPOT SLO, less the KV transfer each "
         "output token pays for where it counts in TPOT (first_token: prefill); their steady-state cadence with "
         "all micro-batches in flight is checked."))
+    kv_ttft_share: float = Field(0.25, gt=0, lt=1, description=(
+        "Where the KV transfer counts in TTFT (first_token: decode), the attainment-quantile request's transfer may "
+        "take this share of TTFT: a template of either phase is kept only where its node's NIC ships it within that, "
+        "and the queueing is sized for the rest."))
+    kv_tpot_share: float = Field(0.1, gt=0, lt=1, description=(
+        "Where the KV transfer counts in TPOT (first_token: prefill), the attainment-quantile request's transfer per "
+        "output token may take this share of TPOT: a template of either phase is kept only where its node's NIC "
+        "ships it within that, and decode templates step within tpot_headroom x TPOT less it."))
     first_token: Literal["auto", "prefill", "decode"] = Field("auto", description=(
         "Which instance emits a request's first token. prefill (the paper's runtime): the prefill -> decode "
         "KV transfer counts in TPOT; decode (vLLM's P/D proxy): it counts in TTFT. auto: per model, where the "

@@ -8,13 +8,20 @@
   (`KvModel.first_token`):
   - `"prefill"` (the paper's runtime): the prefill instance emits it; the transfer delays the
     second token, so over a request it costs `P / (D − 1)` prompt tokens of KV per output token
-    in TPOT. A decode template's budget loses the quantile request's share over its own NIC.
+    in TPOT.
   - `"decode"` (vLLM's P/D proxy): the decode instance emits it once the KV has arrived, so the
-    quantile prompt's whole KV counts in TTFT. A prefill template's budget loses that transfer
-    over its own NIC.
+    quantile prompt's whole KV counts in TTFT.
+
+  The transfer gets an *allowance*: `planner.kv_ttft_share` of TTFT ("decode" mode) or
+  `planner.kv_tpot_share` of TPOT ("prefill" mode). A template of *either* phase is only kept
+  when the quantile request's transfer over its own slowest node's NIC fits the allowance, so any
+  prefill -> decode pair, whose transfer runs over the slower of its two NICs, fits it whichever
+  templates the allocator pairs. In TPOT the allowance comes off the decode templates' step
+  budget; in TTFT off the queueing share the capacity model sizes (the prefill templates keep
+  `ttft_headroom` of TTFT).
 
   `auto` takes, per model, the mode where the quantile request's transfer over the scenario's
-  median NIC is the smaller share of its SLO. Both phases are also capped in throughput by the KV
+  median NIC is the smaller share of its allowance. Both phases are also capped in throughput by the KV
   their NICs can move (`KvModel.rate_tokens`): a prefill template sends one prompt token of KV
   per prompt token it serves, a decode template receives `E[P] / E[D]` per token it generates.
 """
@@ -42,16 +49,22 @@ class KvModel:
     prompt_q: float  # the quantile prompt (its KV counts in TTFT in "decode" mode)
     per_output_q: float  # the quantile of P / (D - 1) (prompt tokens per output token, "prefill" mode)
     prompt_per_output: float  # E[P] / E[D]: KV a decode instance receives per token it generates
+    allowance_ms: float  # what the quantile request's transfer may take of the SLO it counts in
 
     def __post_init__(self) -> None:
         if self.first_token not in ("prefill", "decode"):
             raise ValueError(f"KvModel.first_token must be 'prefill' or 'decode', got {self.first_token!r}")
 
-    def latency_tokens(self, phase: Phase) -> float:
-        """Prompt tokens of KV a `phase` template's latency check moves over its NIC."""
-        if phase is Phase.PREFILL:
-            return self.prompt_q if self.first_token == "decode" else 0.0
-        return self.per_output_q if self.first_token == "prefill" else 0.0
+    @property
+    def owner(self) -> Phase:
+        """The phase whose SLO the transfer counts in: its templates' budget leaves the allowance."""
+        return Phase.PREFILL if self.first_token == "decode" else Phase.DECODE
+
+    @property
+    def latency_tokens(self) -> float:
+        """Prompt tokens of KV the quantile request moves within the allowance (both ends' NICs are
+        held to it): the whole quantile prompt in "decode" mode, `P/(D−1)` per output token else."""
+        return self.prompt_q if self.first_token == "decode" else self.per_output_q
 
     def rate_tokens(self, phase: Phase) -> float:
         """Prompt tokens of KV per work token a `phase` template's NICs move (throughput cap)."""
@@ -59,24 +72,28 @@ class KvModel:
 
 
 def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequence[NodeConfig],
-             first_token: str = "auto") -> KvModel:
-    """The model's KV model; `first_token` "auto" picks the mode as the module docstring says."""
+             first_token: str = "auto", ttft_share: float = 0.25, tpot_share: float = 0.1) -> KvModel:
+    """The model's KV model; `first_token` "auto" picks the mode as the module docstring says, and
+    the allowance is `ttft_share` of TTFT ("decode" mode) or `tpot_share` of TPOT ("prefill")."""
     if first_token not in FIRST_TOKEN_MODES:
         raise ValueError(f"first_token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {first_token!r}")
     per_token = model.num_layers * model.kv_bytes_per_token_layer
     mode = first_token
     if mode == "auto":
         nic = statistics.median(c.network_bytes_per_s for c in configs) if configs else 1.25e9
-        ttft_share = lengths.prompt_q * per_token / nic * 1e3 / slo.ttft_ms
-        tpot_share = lengths.kv_per_token_q * per_token / nic * 1e3 / slo.tpot_ms
-        mode = "decode" if ttft_share < tpot_share else "prefill"
+        in_ttft = lengths.prompt_q * per_token / nic * 1e3 / (ttft_share * slo.ttft_ms)
+        in_tpot = lengths.kv_per_token_q * per_token / nic * 1e3 / (tpot_share * slo.tpot_ms)
+        mode = "decode" if in_ttft < in_tpot else "prefill"
+    allowance = ttft_share * slo.ttft_ms if mode == "decode" else tpot_share * slo.tpot_ms
     return KvModel(first_token=mode, bytes_per_token=per_token, prompt_q=lengths.prompt_q,
                    per_output_q=lengths.kv_per_token_q,
-                   prompt_per_output=lengths.prompt_mean / max(lengths.output_mean, 1.0))
+                   prompt_per_output=lengths.prompt_mean / max(lengths.output_mean, 1.0), allowance_ms=allowance)
 
 
-def latency_budget_ms(slo: Slo, phase: Phase, *, ttft_headroom: float, tpot_headroom: float) -> float:
-    """A template's latency budget (ms) for `phase` before its own KV transfer: see the module docstring."""
-    if phase is Phase.PREFILL:
+def latency_budget_ms(slo: Slo, phase: Phase, *, ttft_headroom: float, tpot_headroom: float,
+                      kv: KvModel | None = None) -> float:
+    """A template's latency budget (ms) for `phase`: the SLO times its headroom, less the KV
+    allowance in the phase the transfer counts in (module docstring). Can be <= 0."""
+    if phase is Phase.PREFILL:  # the allowance comes out of the queueing share (coral.allocator.demand)
         return slo.ttft_ms * ttft_headroom
-    return slo.tpot_ms * tpot_headroom
+    return slo.tpot_ms * tpot_headroom - (kv.allowance_ms if kv is not None and kv.owner is phase else 0.0)

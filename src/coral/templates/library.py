@@ -34,7 +34,7 @@ from coral.templates.problem import (
 from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/5"  # 5: TP-group layouts, per-entry KV caps and per-layout KV latency
+LIBRARY_FORMAT = "coral-templates/6"  # 6: TP-group layouts, per-entry KV caps, the KV allowance per NIC
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -60,6 +60,7 @@ class TemplateSpec:
     # of KV the latency check moves over the template's NIC, and those per work token its NICs move.
     kv_bytes_per_token: float = 0.0
     kv_latency_tokens: float = 0.0
+    kv_allowance_ms: float = float("inf")  # the quantile transfer over the template's NIC must fit it
     kv_rate_tokens: float = 0.0
     layouts: bool = True  # split nodes into TP groups (data-parallel engines or in-node pipeline stages)
     max_entries: int = 8  # most stage entries (whole nodes or TP groups) one layout may expand to
@@ -71,7 +72,7 @@ class TemplateSpec:
             "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
             "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
-            "kv": [self.kv_bytes_per_token, self.kv_latency_tokens, self.kv_rate_tokens],
+            "kv": [self.kv_bytes_per_token, self.kv_latency_tokens, self.kv_allowance_ms, self.kv_rate_tokens],
             "layouts": [self.layouts, self.max_entries],
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -404,10 +405,9 @@ class _Solver:
         """The best (placement, Θ) of `nodes` over its layouts that beats `floor`, or None."""
         best: tuple[Placement, float] | None = None
         for entries in layouts_of(self.spec, nodes):
-            budget = self.spec.budget_ms - self.kv_latency_ms(entries)
-            if budget <= 0:
-                continue
-            timings = self.timings(budget)
+            if self.kv_latency_ms(entries) > self.spec.kv_allowance_ms:
+                continue  # its NIC cannot ship the quantile request's KV within the allowance
+            timings = self.timings(self.spec.budget_ms)
             placement = solve_multiset(timings, entries, floor)
             if placement is None:
                 continue
@@ -630,7 +630,12 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
         kv = model_kv(scenario, m.name)
         for phase in phases or (Phase.PREFILL, Phase.DECODE):
             budget = latency_budget_ms(m.slo, phase, ttft_headroom=planner.ttft_headroom,
-                                       tpot_headroom=planner.tpot_headroom)
+                                       tpot_headroom=planner.tpot_headroom, kv=kv)
+            if not budget > 0:
+                raise CoralError(
+                    f"model {m.name}: its {phase.value} budget ({m.slo_ms(phase):g} ms x headroom) leaves "
+                    f"nothing once the KV allowance ({kv.allowance_ms:g} ms, planner.kv_tpot_share) is taken; "
+                    "lower kv_tpot_share, raise tpot_headroom or relax the SLO")
             batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
             prefill = phase is Phase.PREFILL
             out.append(TemplateSpec(
@@ -640,8 +645,8 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
                 rho=rho or planner.rho, batches=batches or (1,),
                 work_prompt_tokens=lengths.prompt_work if prefill else None,
                 lengths=tuple(sorted(lengths.key().items())),
-                kv_bytes_per_token=kv.bytes_per_token, kv_latency_tokens=kv.latency_tokens(phase),
-                kv_rate_tokens=kv.rate_tokens(phase)))
+                kv_bytes_per_token=kv.bytes_per_token, kv_latency_tokens=kv.latency_tokens,
+                kv_allowance_ms=kv.allowance_ms, kv_rate_tokens=kv.rate_tokens(phase)))
     return out
 
 

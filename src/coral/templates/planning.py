@@ -23,15 +23,16 @@ def model_kv(scenario: Any, model: str) -> KvModel:
         if len(_KV) > 256:
             _KV.clear()
         hit = _KV[key] = kv_model(served.spec, length_summary(scenario, model), served.slo, scenario.configs,
-                                  scenario.planner.first_token)
+                                  scenario.planner.first_token, scenario.planner.kv_ttft_share,
+                                  scenario.planner.kv_tpot_share)
     return hit
 
 
 def template_budget_ms(scenario: Any, model: str, phase: Any) -> float:
     """The latency budget (ms) of `model`'s `phase` templates in this scenario: the one derivation
-    (`coral.templates.budget.latency_budget_ms` with the model's KV link) that the library,
+    (`coral.templates.budget.latency_budget_ms` with the model's KV allowance) that the library,
     `coral templates solve` and hand-made templates share."""
     served = scenario.model(model)
     planner = scenario.planner
     return latency_budget_ms(served.slo, phase, ttft_headroom=planner.ttft_headroom,
-                             tpot_headroom=planner.tpot_headroom)
+                             tpot_headroom=planner.tpot_headroom, kv=model_kv(scenario, model))

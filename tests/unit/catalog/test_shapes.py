@@ -33,7 +33,7 @@ def test_helix_offers_are_marked_too(data_dir):  # helix's perf model reads the 
 
 
 def test_derived_price_comes_from_the_nearest_larger_sold_shape():
-    s = load_scenario("extended")
+    s = load_scenario("extended", {"derive_missing_prices": True})  # the built-in offers only sold shapes
     # aws:us-east-2 sells A100-40GB only as 8x (p4d): every smaller shape is 1/8 of it per GPU
     p8 = CAT.offers[("aws:us-east-2", "8xA100-40GB")].price_usd_per_h
     for n in (1, 2, 4):

@@ -15,9 +15,10 @@ def test_builtins_resolve():
     # the 12 shapes, and every other instance type of them sold in the two regions
     assert len({c.shape for c in core.configs}) == 12 and len(core.configs) == 22
     assert core.config("1xL40S@g6e.4xlarge").network_gbps == 20.0 and core.config("1xL40S").network_gbps == 2.5
-    # 2xL40S is not sold on AWS: priced per GPU from the nearest larger shape, 4xL40S (10.49264 $/h)
-    assert core.prices[("aws:us-east-2", "2xL40S")] == pytest.approx(2 * 10.49264 / 4)
-    assert core.is_derived("aws:us-east-2", "2xL40S") and not core.is_derived("aws:us-east-2", "4xL40S")
+    # 2xL40S is not sold on AWS, and the built-ins offer only sold shapes (a 2-GPU engine is a TP2
+    # group of a 4xL40S): every plan of them can be rented
+    assert ("aws:us-east-2", "2xL40S") not in core.prices and not core.derived
+    assert core.prices[("aws:us-east-2", "4xL40S")] == pytest.approx(10.49264)
     ext = load_scenario("extended")
     assert len(ext.models) == 6 and len({c.shape for c in ext.configs}) == 20 and len(ext.regions) == 3
 

@@ -45,7 +45,7 @@ def test_field_table_lists_every_field_including_the_workload():
     plain = {p.replace("[]", "").replace("(none)", "").replace("(step)", "").replace("(diurnal)", "") for p in paths}
     assert set(_walk(ScenarioFile)) == plain
     for field in ("models[].ttft_ms", "models[].workload.rate_per_s", "models[].workload.dataset",
-                  "models[].workload.shift(step).at_s", "planner.first_token", "slo_attainment", "perf.backend"):
+                  "models[].workload.shift(step).at_s", "planner.kv_ttft_share", "slo_attainment", "perf.backend"):
         assert field in paths
     assert [] == table_problems(field_table())
 
