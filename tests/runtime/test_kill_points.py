@@ -234,3 +234,28 @@ def test_an_engine_killed_at_the_worst_moment_loses_no_request_and_repeats_no_to
     assert [(want, "")] * REQUESTS == [outcome(h) for h in handles]
     assert [] == [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]  # no decision failed
     assert {} == c.coord._wire and [] == c.coord._parked  # nothing left behind
+
+
+@pytest.mark.parametrize("first_token", ["prefill", "decode"])
+def test_a_request_decoding_elsewhere_is_not_resent_when_its_prefill_instance_dies(
+    monkeypatch: pytest.MonkeyPatch, first_token: str,
+) -> None:  # fmt: skip
+    """Once the decode instance holds a request's whole KV (it has sent a token of its own), the lost
+    prefill instance owes it nothing: the request keeps decoding where it is. Resent, it waited for a
+    prefill instance (none here: no spare comes) and failed after `retry_wait_s`."""
+    clock = Clock()
+    monkeypatch.setattr(coordinator_module, "time", clock)
+    c = Cluster(clock, first_token)
+    c.add("P", "prefill", [(0, 2, 1), (2, 6, 1)])
+    c.add("D", "decode", [(0, 1, 1), (1, 4, 2), (4, 6, 1)])
+    c.run_until(lambda: 2 == len(c.coord.instances))
+    n = 40  # long enough to be decoding still when the loss is noticed
+    handles = [c.coord.submit("m", [10 + k] * PROMPT_LEN, n, 0.0, 0, ignore_eos=True) for k in range(REQUESTS)]
+    own = 1 if first_token == "decode" else 2  # tokens by which the decode instance has sent one of its own
+    c.kill_at = (lambda a, m: all(len(h.generated) >= own for h in handles), "P.00")
+    c.run_until(lambda: "P" in c.coord.retired)
+    assert c.killed and not any(h.done for h in handles)
+    c.run_until(lambda: all(h.done for h in handles))
+    want = [token_after(PROMPT_LEN + k) for k in range(n)]
+    assert [(want, "")] * REQUESTS == [outcome(h) for h in handles]
+    assert 0 == c.coord.retried

@@ -121,6 +121,7 @@ class RequestHandle:
     decode_instance: str = ""
     wire_id: str = ""  # the id of the current attempt (retries get a new one)
     generated: list[int] = field(default_factory=list)
+    attempt_tokens: int = 0  # of ``generated``, the tokens the current attempt sent
     retries: int = 0
     done: bool = False
     retry_deadline: float = 0.0
@@ -399,10 +400,21 @@ class Coordinator:
         self.retired[iid] = f"lost: {reason}"
         self._event(iid, f"lost ({reason})")
         for h in [h for h in self._wire.values() if iid in (h.instance_id, h.decode_instance)]:
+            if h.instance_id == iid and self._decoding_elsewhere(h):
+                h.instance_id = h.decode_instance  # it needs nothing of the lost prefill instance any more
+                continue
             self._retry(h, f"instance {iid} failed: {reason}")
         forget = getattr(self.t, "forget", None)
         if forget is not None:
             forget(rec.address)  # the peer is gone: do not queue messages for it any more
+
+    def _decoding_elsewhere(self, h: RequestHandle) -> bool:
+        """Whether ``h``'s decode instance (alive) already holds its whole KV (lock held): it has sent a
+        token of its own, the first one in ``first_token`` "decode" mode (it sends it once every layer
+        is in), else the second (the first came from the prefill instance)."""
+        if not h.decode_instance or h.decode_instance == h.instance_id or h.decode_instance not in self.instances:
+            return False
+        return h.attempt_tokens >= (1 if self.models[h.model].first_token == "decode" else 2)
 
     def drain(self, iid: str, reason: str = "removed from the plan") -> bool:
         """Stop routing new requests to an instance; it is shut down once it holds none.
@@ -640,6 +652,7 @@ class Coordinator:
         self._routes[h.model] = states
         h.instance_id, h.decode_instance = pre.instance_id, dec.instance_id if dec is not None else ""
         h.wire_id = h.request_id if h.retries == 0 else f"{h.request_id}.{h.retries}"
+        h.attempt_tokens = 0
         self._wire[h.wire_id] = h
         now = time.monotonic()
         for iid in (pre.instance_id, h.decode_instance):
@@ -693,6 +706,7 @@ class Coordinator:
                 self._retry(h, msg.error)
                 return
             h.generated.extend(msg.tokens)
+            h.attempt_tokens += len(msg.tokens)
             self._demand[(h.model, "decode")] = self._demand.get((h.model, "decode"), 0) + len(msg.tokens)
             if msg.finished:
                 h.done = True
