@@ -254,6 +254,19 @@ def test_cancel_drops_the_request_and_its_kv_and_shutdown_stops_every_node() -> 
     assert [] == sch.step(0.3)
 
 
+def test_cancel_drops_a_hand_off_still_waiting_for_blocks_and_frees_its_kv_on_the_prefill_nodes() -> None:
+    dec = scheduler([1], phase="decode", heartbeat_timeout_s=0.0)
+    hello_all(dec, blocks=1, block_size=4)  # 4 tokens: one 2-token prompt and its 2 tokens fit, not two
+    src = (KvSource(address="p", layer_start=0, layer_end=2),)
+    dec.handle(DecodeAdmit(submit=submit("a", (1, 2), max_tokens=2), generated=(7,), sources=src), 0.0)
+    dec.handle(DecodeAdmit(submit=submit("b", (1, 2), max_tokens=2), generated=(7,), sources=src, kv_id="b~1"), 0.0)
+    assert ["a"] == [m.request_id for m in of(dec.step(0.0), KvSend)]  # b waits for blocks
+    out = dec.handle(Cancel(request_ids=("b",)), 0.1)
+    assert [Release(request_ids=("b~1",))] == of(out, Release, "p")
+    dec.handle(Cancel(request_ids=("a",)), 0.2)  # a's blocks free up: b must not start now
+    assert [] == of(dec.step(0.3), KvSend)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_same_events_and_times_give_the_same_messages_byte_for_byte(seed: int) -> None:
     def run() -> list[bytes]:

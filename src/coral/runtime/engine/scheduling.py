@@ -258,10 +258,17 @@ class InstanceScheduler:
         self._beat_coordinator()
 
     def _on_cancel(self, msg: Cancel) -> None:
+        ids = set(msg.request_ids)
         for rid in msg.request_ids:
             r = self.reqs.get(rid)
             if r is not None:
                 self._release(r)
+        # a hand-off still waiting for blocks here: never started, its KV freed where it still is (on
+        # the prefill nodes); started later, it would be decoded whole for nobody (a retried request)
+        for admit in [a for a in self.admit_queue if a.submit.request_id in ids]:
+            self.admit_queue.remove(admit)
+            for src in admit.sources:
+                self._send(src.address, Release(request_ids=(admit.kv_id or admit.submit.request_id,)))
 
     def _on_shutdown(self, msg: Shutdown) -> None:
         for addr in self.addresses.values():
