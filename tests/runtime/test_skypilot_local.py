@@ -48,7 +48,9 @@ def _heredoc(run: str, tag: str) -> str:
 
 def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Path) -> None:
     scen = tmp_path / "s.yaml"
-    scen.write_text(yaml.safe_dump(PHI))
+    # 1-GPU nodes: one engine per machine (the next test covers machines running several engines);
+    # on 4-GPU nodes the plan runs Phi-4 as four TP1 engines a machine, too many CPU processes here
+    scen.write_text(yaml.safe_dump({**PHI, "configs": ["1xL40S", "1xL4"]}))
     plan = tmp_path / "plan.json"
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
     _serve_export(tmp_path, load_plan_file(plan))
