@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -56,6 +57,10 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     _serve_export(tmp_path, load_plan_file(plan))
 
 
+# Six engine processes (CPU torch) on one loopback host: past the 240 s start-up bound on a busy
+# 2-core machine. make test serves an in-node pipeline with several engines per machine in
+# tests/runtime/test_layouts_serve.py; this is the SkyPilot-script form of it.
+@pytest.mark.long(reduced="tests/runtime/test_layouts_serve.py (several engines on one machine, served)")
 def test_machines_running_several_tp_groups_serve_on_loopback(tmp_path: Path) -> None:
     """A hand-made plan: one 4xL40S as an in-node pipeline of four TP1 engines (one machine, four engines
     started by one run script, each on its own GPU), two 1xL4 machines for decode, first token from decode."""
