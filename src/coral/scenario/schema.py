@@ -97,7 +97,7 @@ class PlannerEntry(_Strict):
     first_token: Literal["auto", "prefill", "decode"] = Field("auto", description=(
         "Which instance emits a request's first token. prefill (the paper's runtime): the prefill -> decode "
         "KV transfer counts in TPOT; decode (vLLM's P/D proxy): it counts in TTFT. auto: per model, where the "
-        "attainment-quantile request's transfer over the scenario's median NIC is the smaller share of its SLO."))
+        "attainment-quantile request's transfer over the scenario's median NIC is the smaller share of its KV allowance."))
     history_s: float = Field(3600.0, gt=0, allow_inf_nan=False, description=(
         "Length of the traffic sample (a separate draw of each model's workload) the first plan's capacity "
         "is sized on; later epochs size on the traffic observed."))
