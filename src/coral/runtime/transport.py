@@ -101,32 +101,40 @@ def generate_keys(folder: str | Path) -> tuple[Path, Path]:
     return Path(public), Path(secret)
 
 
-class _ClusterKeyOnly:
-    """ZAP credentials check: a client is admitted only with the cluster's public key."""
+class _ClusterKeys:
+    """ZAP credentials check: a client is admitted only with the public key of a cluster this
+    process serves (one per deployment; a process serving two, e.g. a test run, admits each's)."""
 
-    def __init__(self, public: bytes) -> None:
-        self.public = public
+    def __init__(self) -> None:
+        self.publics: set[bytes] = set()
 
     def callback(self, domain: str, key: bytes) -> bool:
-        return key == self.public
+        return key in self.publics
 
 
-_AUTH: dict[int, Any] = {}  # one ZAP authenticator per (process, context)
+_AUTH: dict[int, tuple[Any, _ClusterKeys]] = {}  # one ZAP authenticator per (process, context)
 _AUTH_LOCK = threading.Lock()
 
 
 def _authenticator(ctx: Any, keys: CurveKeys) -> None:
-    """Start (once per context) the ZAP handler that admits only peers holding ``keys``."""
+    """Start (once per context) the ZAP handler that admits only peers holding a served cluster's
+    keys, and add ``keys``' public key to those it admits. Before, the first keypair a process
+    served with was the only one, so a second deployment in the same process (the test suite)
+    had every peer refused, silently: its engines never dialled in."""
     # lazy: zmq.auth (only with CurveZMQ keys)
     import zmq.auth.thread
 
     with _AUTH_LOCK:
-        if id(ctx) in _AUTH:
+        hit = _AUTH.get(id(ctx))
+        if hit is not None:
+            hit[1].publics.add(keys.public)
             return
+        creds = _ClusterKeys()
+        creds.publics.add(keys.public)
         auth = zmq.auth.thread.ThreadAuthenticator(ctx, log=logging.getLogger("coral.runtime.zap"))
         auth.start()
-        auth.configure_curve_callback(domain="*", credentials_provider=_ClusterKeyOnly(keys.public))
-        _AUTH[id(ctx)] = auth
+        auth.configure_curve_callback(domain="*", credentials_provider=creds)
+        _AUTH[id(ctx)] = (auth, creds)
 
 
 class Transport(ABC):
