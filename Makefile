@@ -38,7 +38,13 @@ test: $(STAMP) $(SKY_STAMP)
 test-long: $(STAMP) $(SKY_STAMP)
 	CORAL_LONG_TESTS=1 $(BIN)/python -m pytest -m long
 
-bench: $(STAMP)
+# `make bench` also installs the bench extra (aiconfigurator-core, for its `peer` section); the
+# test suite never needs it.
+$(VENV)/.installed-bench: pyproject.toml | $(STAMP)
+	$(BIN)/pip install -q -e '.[test,runtime,bench]'
+	touch $@
+
+bench: $(STAMP) $(VENV)/.installed-bench
 	$(BIN)/python -m compileall -q src
 	$(BIN)/python bench/run.py $(if $(FULL),--full,) $(if $(QUICK),--quick,)
 

@@ -8,7 +8,9 @@ router's effect), planner (`coral plan` end to end in fresh processes with the l
 start-up imports, goodput mode on scarce instances), sim (simulator throughput), runtime (router
 overhead, pipeline vs single process; the HTTP front end: overhead, 256 / 1,024 concurrent
 streams, 1,000 idle connections), chaos (`coral bench` against `coral serve` while a random engine is
-killed every 60 s: nothing lost or cut, every model back to ok, RSS flat).
+killed every 60 s: nothing lost or cut, every model back to ok, RSS flat), peer (Coral's best
+single-node template per phase next to aiconfigurator's vLLM estimate for the same node, within
+25 % or explained; needs the bench extra, aiconfigurator-core).
 
 Run: `.venv/bin/python bench/run.py [--quick] [--full] [--only SECTION ...]`. `--quick` skips
 the extended library build (about 4 minutes); `--full` adds the long variants of the helper benches.
@@ -478,6 +480,41 @@ def bench_plans(quick: bool) -> None:
                     ">= 50 % of roofline", share >= 0.5, f"roofline {est:,.0f} ({share:.0%}); {layout}")
 
 
+def bench_peer(quick: bool) -> None:
+    """Issue 25's peer check (bench/peer.py): per (model, node, phase) Coral's best single-node
+    tok/s per GPU next to aiconfigurator's vLLM estimate, at one ISL/OSL and SLA, same budget."""
+    import peer
+
+    if not peer.aic_installed():
+        print(f"  skipped: aiconfigurator-core is not installed ({peer.INSTALL_HINT})", flush=True)
+        return
+    aic = peer.AicSide()
+    t0 = time.perf_counter()
+    rows = peer.compare(aic, quick=quick)
+    print(f"  ISL {peer.ISL} / OSL {peer.OSL}, SLO TTFT {peer.TTFT_MS:g} ms / TPOT {peer.TPOT_MS:g} ms; both held to "
+          f"Coral's budget (prefill TTFT of the batch <= {peer.phase_budget_ms(_phase('prefill')):g} ms, decode TPOT <= "
+          f"{peer.phase_budget_ms(_phase('decode')):g} ms); prefill: prompt tok/s per GPU, decode: output tok/s per GPU")
+    for line in peer.table(rows):
+        print(line, flush=True)
+    for system in sorted({r["system"] for r in rows}):
+        print(f"  aiconfigurator {system}: {aic.provenance(system)}")
+    for r in rows:
+        c, a = r["coral"], r["aic"]
+        ROWS.append({"section": "peer", "name": f"{r['model']} {r['node']} {r['phase']}: Coral / aic tok/s/GPU",
+                     "value": None if r["ratio"] is None else round(r["ratio"], 3), "target": "within 25 % or explained",
+                     "ok": r["within"] or r["agree_none"],  # a gap counts as missed here; docs/results/peer.md explains it
+                     "note": f"Coral {c.tok_per_s_per_gpu:,.0f} ({c.layout} b{c.batch})" if c else "Coral none",
+                     "aic": f"{a.tok_per_s_per_gpu:,.0f} ({a.layout} b{a.batch})" if a else "none",
+                     "reason": r["reason"]})
+    row("peer", "peer wall (s)", time.perf_counter() - t0, "", None, f"aiconfigurator-core {peer.aic_version()}")
+
+
+def _phase(name: str) -> Any:
+    from coral.perf.model import Phase
+
+    return Phase(name)
+
+
 def _goal_ok(value: float, goal: str) -> bool | None:
     """Check a goal written as '<= 1 ms', '>= 0.8', '> 1.0' (unit words ignored)."""
     parts = goal.split()
@@ -524,7 +561,8 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "plans", "slo", "planner", "sim", "runtime", "chaos")
+SECTIONS = ("calibration", "exact", "library", "allocator", "plans", "peer", "slo", "planner", "sim", "runtime",
+            "chaos")
 
 
 def main() -> None:
@@ -553,6 +591,8 @@ def main() -> None:
                 bench_allocator(args.quick)
             elif section == "plans":
                 bench_plans(args.quick)
+            elif section == "peer":
+                bench_peer(args.quick)
             elif section == "slo":
                 bench_helper("slo", "slo_bench", args.quick)
             elif section == "planner":
