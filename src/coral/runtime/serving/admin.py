@@ -1,0 +1,72 @@
+"""The operators' surface: the plan controller's interface, and the ``/admin/*`` routes that forward to it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from fastapi import Body, FastAPI
+from fastapi.responses import Response
+
+from coral.errors import CoralError
+from coral.runtime.serving.coordinator import RequestError
+from coral.runtime.serving.metrics import FleetStats
+from coral.runtime.serving.responses import json_response
+
+__all__ = ["AdminAction", "PlanAdmin", "add_admin_routes"]
+
+
+class AdminAction(Protocol):
+    """One step a pushed plan caused (``start``, ``drain`` or ``keep`` an instance)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class PlanAdmin(Protocol):
+    """The plan controller behind ``/admin/*`` (:class:`coral.runtime.deploy.lifecycle.Controller`
+    implements it). The front end only forwards: it does not know the cluster file's schema."""
+
+    def status(self) -> dict[str, Any]:
+        """The controller's view: target plan, instances by state, last demand (JSON-ready)."""
+        ...
+
+    def push_plan(self, body: Any) -> Sequence[AdminAction]:
+        """Validate a plan body (``{"instances": [...]}``) and make it the target.
+
+        Raises:
+            CoralError: the body names the field that is wrong (the answer is a 400).
+        """
+        ...
+
+    def health(self) -> dict[str, str]:
+        """model -> ok | degraded | unavailable | starting (the repairs under way included)."""
+        ...
+
+    def fleet_stats(self) -> FleetStats:
+        """What /metrics reports of the fleet (the registry, starts, repairs, re-plans, the plan's cost)."""
+        ...
+
+
+def add_admin_routes(app: FastAPI, admin: PlanAdmin | None) -> None:
+    """``GET /admin/instances`` and ``POST /admin/plan`` (404 without a plan controller; the guard checks the key)."""
+
+    @app.get("/admin/instances", summary="The plan controller's view of the instances")
+    def admin_instances() -> Response:
+        if admin is None:
+            raise RequestError(404, "no plan controller")
+        return json_response(admin.status())
+
+    @app.post("/admin/plan", summary="Push a new plan")
+    def admin_plan(body: Any = Body(...)) -> Response:  # noqa: B008 - FastAPI's idiom
+        ctl = admin
+        if ctl is None:
+            raise RequestError(404, "no plan controller")
+        try:
+            actions = ctl.push_plan(body)
+        except CoralError as e:
+            raise RequestError(400, str(e), "instances") from None
+        return json_response({"actions": [{"kind": a.kind, "instance": a.name} for a in actions]})
