@@ -112,7 +112,9 @@ def test_nccl_data_is_the_wheels_measurements(nccl):
 
 
 def test_every_shipped_row_is_the_fit(nccl, data_dir):
-    # interconnects.csv is what tools/fit_links.py writes from the public data (up to SciPy's last digit)
+    # interconnects.csv is what tools/fit_links.py writes from the public data (up to SciPy's last digit).
+    # A floor at or below the latency never binds (t >= latency), so the optimiser may leave it anywhere
+    # there (SciPy 1.17 and earlier releases disagree on A100 x4): the floor compared is the one that acts.
     fits = link_table(nccl, data_dir / "profiles" / "helix_llama2_70b", CAT)
     shipped = builtin_links()
     assert list(fits) == list(shipped)
@@ -121,7 +123,8 @@ def test_every_shipped_row_is_the_fit(nccl, data_dir):
         assert ship.bus_gb_per_s == pytest.approx(fit.bus_gb_per_s, rel=0.01), key
         assert ship.size_exponent == pytest.approx(fit.size_exponent, abs=0.01), key
         assert ship.latency_s == pytest.approx(fit.latency_s, rel=0.05, abs=0.3e-6), key
-        assert ship.floor_s == pytest.approx(fit.floor_s, rel=0.05, abs=0.3e-6), key
+        assert max(ship.floor_s, ship.latency_s) == pytest.approx(max(fit.floor_s, fit.latency_s), rel=0.05, abs=0.3e-6), key
+        assert [ship.allreduce_s(s) for s in LINK_FIT_SIZES] == pytest.approx([fit.allreduce_s(s) for s in LINK_FIT_SIZES], rel=0.02), key
         assert ship.source == fit.source, key
 
 
