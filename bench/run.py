@@ -478,6 +478,38 @@ def bench_plans(quick: bool) -> None:
                                           for i in used for e in i.template.entries}))
                 row("plans", f"{name}: {m.name} {ph.value} tok/s per GPU ({gpu.name})", round(toks / n),
                     ">= 50 % of roofline", share >= 0.5, f"roofline {est:,.0f} ({share:.0%}); {layout}")
+        _homo_vs_mixed(name, s, setup.library)
+
+
+def _homo_vs_mixed(name: str, s: Any, library: Any) -> None:
+    """Per (model, phase), what mixing GPU types could save: the library's best tok/s per $ among
+    templates of one GPU type (Homo's choice, per type) against the best among templates that mix
+    types, in each region. A ratio at or under 1 means no mixed template pays, whatever the
+    allocator does: the cause of a Homo / Coral ratio near 1 on that (model, phase)."""
+    for region in s.regions:
+        prices = {c: p for (r, c), p in s.prices.items() if r == region}
+        for model, phase in library.groups:
+            by_gpu: dict[str, tuple[float, Any]] = {}
+            mixed: tuple[float, Any] | None = None
+            for t in library.of(model, phase):
+                if not all(c in prices for c in t.counts):
+                    continue
+                per_usd = t.throughput_tok_per_s / t.price_usd_per_h(prices)
+                gpus = {s.config(c).gpu.name for c in t.nodes}
+                if len(gpus) > 1:
+                    mixed = max(mixed or (0.0, None), (per_usd, t), key=lambda r: r[0])
+                else:
+                    (g,) = gpus
+                    by_gpu[g] = max(by_gpu.get(g, (0.0, None)), (per_usd, t), key=lambda r: r[0])
+            if not by_gpu:
+                continue
+            _, (best, tpl) = max(by_gpu.items(), key=lambda kv: kv[1][0])
+            per_type = ", ".join(f"{g} {v:,.0f}" for g, (v, _) in sorted(by_gpu.items(), key=lambda kv: -kv[1][0]))
+            gain = mixed[0] / best if mixed else None
+            note = (f"best one-type {'+'.join(tpl.nodes)} ({per_type} tok/s per $); "
+                    + (f"best mixed {'+'.join(mixed[1].nodes)} {mixed[0]:,.0f}" if mixed else "no mixed template"))
+            row("plans", f"{name} {region}: {model} {phase.value} mixed / one-type tok/s per $",
+                round(gain, 3) if gain is not None else "-", "", None, note)
 
 
 def bench_peer(quick: bool) -> None:
