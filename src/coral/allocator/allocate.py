@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
-from coral.allocator.ilp import Allocated, build_plan, prev_counts, solve_allocation
+from coral.allocator.ilp import build_plan, prev_counts
 from coral.allocator.inputs import (
     AllocationInputs,
     Columns,
@@ -22,6 +22,7 @@ from coral.allocator.inputs import (
     find_template,
 )
 from coral.allocator.plan import Plan
+from coral.allocator.search import Allocated, solve_allocation
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
