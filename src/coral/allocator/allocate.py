@@ -27,7 +27,7 @@ from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
 from coral.solver import SolveOptions, Status
-from coral.templates.planning import model_kv
+from coral.templates.planning import plan_inputs
 from coral.templates.template import Template, TemplateLibrary
 
 METHODS: tuple[str, ...] = ("coral", "homo", "cauchy", "template-greedy")
@@ -90,7 +90,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
     # the time limit is the solve's: a first run that spends it replaying the traffic for the
     # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
     plan = allocate_inputs(inputs, method=method, prev=prev, options=options)
-    return replace(plan, first_token={m.name: model_kv(scenario, m.name).first_token for m in scenario.models})
+    return replace(plan, first_token={m.model: m.kv.first_token for m in plan_inputs(scenario)})
 
 
 def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: PrevPlan | None = None,
