@@ -26,7 +26,6 @@ PLANNING_SEED = 7919
 MAX_SAMPLE_REQUESTS = 400_000
 
 
-
 def traffic_sample(scenario: Scenario, model: str, duration_s: float | None = None, *,
                    min_rate_per_s: float = 0.0) -> Trace:
     """`duration_s` (default `planner.history_s`, cut to hold at most `MAX_SAMPLE_REQUESTS` of a
