@@ -19,9 +19,8 @@ from coral.experiments.pipeline import prepare
 from coral.perf.model import Phase
 from coral.policy import InstanceSpec
 from coral.scenario import load_scenario
-from coral.scenario.traffic import length_summary
 from coral.sim import simulate
-from coral.templates.planning import model_kv, template_budget_ms
+from coral.templates.planning import plan_inputs
 from coral.workload import Trace
 
 SMALL = {
@@ -49,8 +48,8 @@ def test_one_slo_moves_budget_capacity_and_the_simulators_threshold_together(tmp
     tight = {**SMALL, "models": [{**SMALL["models"][0], "ttft_ms": 2000}]}
     a, b = load_scenario(_write(tmp_path, SMALL, "a.yaml")), load_scenario(_write(tmp_path, tight, "b.yaml"))
     # the template budget is ttft_headroom (0.5) x the TTFT SLO
-    assert template_budget_ms(a, "phi-4", Phase.PREFILL) == pytest.approx(1250.0)
-    assert template_budget_ms(b, "phi-4", Phase.PREFILL) == pytest.approx(1000.0)
+    assert plan_inputs(a).of("phi-4").budget_ms(Phase.PREFILL) == pytest.approx(1250.0)
+    assert plan_inputs(b).of("phi-4").budget_ms(Phase.PREFILL) == pytest.approx(1000.0)
     # less room for queueing: more capacity for the same traffic
     ca, cb = capacity_targets(a), capacity_targets(b)
     assert cb[("phi-4", Phase.PREFILL)].capacity_tok_per_s > ca[("phi-4", Phase.PREFILL)].capacity_tok_per_s
@@ -151,7 +150,7 @@ def test_baselines_are_sized_by_the_same_rule(tmp_path):
 def test_templates_deliver_their_predicted_latency_at_low_load(tmp_path):
     s = load_scenario(_write(tmp_path, SMALL))
     setup = prepare(s, cache_dir=tmp_path / "cache")
-    lengths = length_summary(s, "phi-4")
+    lengths = plan_inputs(s).of("phi-4").lengths
     plan = allocate(s, setup.library)
     pre = next(i.template for i in plan.instances if i.phase is Phase.PREFILL)
     dec = next(i.template for i in plan.instances if i.phase is Phase.DECODE)
@@ -165,7 +164,7 @@ def test_templates_deliver_their_predicted_latency_at_low_load(tmp_path):
     # the KV transfer counts where the model's first token is emitted (coral.templates.budget)
     kv = s.perf.kv_transfer_s(s.model("phi-4").spec, p, s.config(pre.nodes[0]),
                               min((s.config(nn) for nn in dec.nodes), key=lambda c: c.network_gbps))
-    at_decode = model_kv(s, "phi-4").first_token == "decode"
+    at_decode = plan_inputs(s).of("phi-4").kv.first_token == "decode"
     # a lone prompt of P_q is one micro-batch of 1; the template's latency is for b of them
     one = s.perf.node_time_s  # the template's own stage times at batch 1, recomputed the same way
     from coral.perf.model import Shape

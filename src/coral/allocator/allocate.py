@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
-from coral.allocator.ilp import Allocated, build_plan, prev_counts, solve_allocation
+from coral.allocator.ilp import build_plan, prev_counts
 from coral.allocator.inputs import (
     AllocationInputs,
     Columns,
@@ -22,11 +22,12 @@ from coral.allocator.inputs import (
     find_template,
 )
 from coral.allocator.plan import Plan
+from coral.allocator.search import Allocated, solve_allocation
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
 from coral.solver import SolveOptions, Status
-from coral.templates.planning import model_kv
+from coral.templates.planning import plan_inputs
 from coral.templates.template import Template, TemplateLibrary
 
 METHODS: tuple[str, ...] = ("coral", "homo", "cauchy", "template-greedy")
@@ -89,7 +90,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
     # the time limit is the solve's: a first run that spends it replaying the traffic for the
     # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
     plan = allocate_inputs(inputs, method=method, prev=prev, options=options)
-    return replace(plan, first_token={m.name: model_kv(scenario, m.name).first_token for m in scenario.models})
+    return replace(plan, first_token={m.model: m.kv.first_token for m in plan_inputs(scenario)})
 
 
 def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: PrevPlan | None = None,

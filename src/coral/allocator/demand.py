@@ -1,6 +1,7 @@
 """The capacity each (model, phase) is planned with: the queueing model of
-`coral.allocator.capacity` on a traffic sample, with the template budgets and KV link of
-`coral.templates.budget`, and the epoch-to-epoch forecast and hysteresis (DESIGN §4a)."""
+`coral.allocator.capacity` on a traffic sample, with the template budgets and KV link of each
+model's planning value (`coral.templates.planning.plan_inputs`), and the epoch-to-epoch forecast
+and hysteresis (DESIGN §4a)."""
 from __future__ import annotations
 
 import math
@@ -13,13 +14,8 @@ import numpy as np
 from coral.allocator import capacity_store
 from coral.allocator.capacity import CapacityTarget, decode_capacity, prefill_capacity
 from coral.perf.model import Phase
-from coral.scenario.traffic import (
-    component_attainment,
-    length_summary,
-    scenario_key,
-    traffic_sample,
-)
-from coral.templates.planning import model_kv, template_budget_ms
+from coral.scenario.traffic import scenario_key
+from coral.templates.planning import plan_inputs
 from coral.templates.table import as_table
 from coral.workload.trace import Trace
 
@@ -77,7 +73,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
     Args:
         scenario: the resolved scenario (SLOs, targets, planner knobs, models' workloads).
         samples: model -> requests to size on, each with its `window_s`; default the scenario's
-            traffic sample (`coral.scenario.traffic.traffic_sample`, `planner.history_s` long).
+            traffic sample (`ModelPlanning.history` of `coral.templates.planning.plan_inputs`,
+            `planner.history_s` long).
         scale: model -> rate multiplier applied to its sample (the forecast's ratio to it): the
             arrival times are compressed by it, which keeps the burstiness's shape.
         boost: (model, phase) -> capacity multiplier on top (`coral plan --calibrate`).
@@ -105,12 +102,14 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         hit = _MEMO.get(memo_key)
         if hit is not None:
             return hit
+    planning = plan_inputs(scenario)
     out: dict[Group, CapacityTarget] = {}
     for done, m in enumerate(scenario.models):
         if progress is not None:
             progress(done, len(scenario.models))
+        mp = planning.of(m.name)
         if samples is None:
-            tr = traffic_sample(scenario, m.name)
+            tr = mp.history
         else:
             tr = samples.get(m.name) or Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, np.int64),
                                               output_tokens=np.zeros(0, np.int64), window_s=1.0)
@@ -121,18 +120,14 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         order = np.argsort(tr.arrival_s, kind="stable")  # the queues replay requests in arrival order
         arr, p, d = tr.arrival_s[order] / f, tr.prompt_tokens[order], tr.output_tokens[order]
         window /= f
-        q = component_attainment(scenario, m.name)
-        lengths = length_summary(scenario, m.name)
+        q = mp.quantile
         # the KV allowance is the transfer's share of the SLO it counts in: queueing gets the rest
-        kv = model_kv(scenario, m.name)
-        kv_ttft_s = kv.allowance_ms / 1e3 if kv.owner is Phase.PREFILL else 0.0
-        kv_tpot_s = kv.allowance_ms / 1e3 if kv.owner is Phase.DECODE else 0.0
-        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=m.ttft_ms / 1e3 - kv_ttft_s,
-                                        budget_s=template_budget_ms(scenario, m.name, Phase.PREFILL) / 1e3,
-                                        prompt_q=lengths.prompt_q, attainment=q, model=m.name,
+        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=mp.queueing_slo_s(Phase.PREFILL),
+                                        budget_s=mp.prefill_budget_ms / 1e3,
+                                        prompt_q=mp.lengths.prompt_q, attainment=q, model=m.name,
                                         instance_tok_per_s=rates.get(m.name), strict=samples is None)
-        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=m.tpot_ms / 1e3 - kv_tpot_s,
-                                        cadence_s=template_budget_ms(scenario, m.name, Phase.DECODE) / 1e3,
+        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=mp.queueing_slo_s(Phase.DECODE),
+                                        cadence_s=mp.decode_budget_ms / 1e3,
                                         # the KV transfer is the allowance taken off tpot_s above
                                         # ("prefill" mode) or is in TTFT ("decode" mode)
                                         kv_s_per_token=0.0, kv_latency_s=0.0,

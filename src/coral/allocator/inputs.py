@@ -15,8 +15,7 @@ from coral.allocator.demand import capacity_targets
 from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.scenario.traffic import fastest_latency_ms, length_summary
-from coral.templates.planning import template_budget_ms
+from coral.templates.planning import fastest_latency_ms, plan_inputs
 from coral.templates.table import TemplateTable
 from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
@@ -173,9 +172,10 @@ def _explainer(scenario: Scenario) -> Callable[[Group], str] | None:
 
     def explain(g: Group) -> str:
         try:
-            budget = template_budget_ms(scenario, g[0], g[1])
-            best, cfg, prompt = fastest_latency_ms(scenario, g[0], g[1])
-            q = length_summary(scenario, g[0]).quantile
+            planning = plan_inputs(scenario).of(g[0])
+            budget = planning.budget_ms(g[1])
+            best, cfg, prompt = fastest_latency_ms(scenario, planning, g[1])
+            q = planning.lengths.quantile
         except (CoralError, ValueError, KeyError):
             return "its templates are held to the budget of coral.templates.budget"
         at = f"the p{q * 100:g} prompt ({prompt:,.0f} tokens)" if g[1] is Phase.PREFILL else "the mean context"

@@ -9,6 +9,11 @@ GIB = 1024**3
 _CONFIG_NAME = re.compile(r"^(\d+)x(.+)$")
 
 
+def gbps_bytes_per_s(gbps: float) -> float:
+    """A network bandwidth in Gbit/s (as clouds quote a VM's NIC) as bytes/s: the one conversion."""
+    return gbps * 1e9 / 8
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuType:
     """One GPU model and the datasheet figures the performance model needs."""
@@ -101,7 +106,7 @@ class NodeConfig:
 
     @property
     def network_bytes_per_s(self) -> float:
-        return self.network_gbps * 1e9 / 8
+        return gbps_bytes_per_s(self.network_gbps)
 
 
 # All-reduce sizes are referenced to 32 MiB: Llama-70B's activations of a 2,048-token prefill.

@@ -13,7 +13,7 @@ from coral.experiments.fidelity_perf import EnginePerf
 from coral.experiments.fidelity_report import ape
 from coral.perf import Phase, Shape
 from coral.scenario import parse_scenario, resolve
-from coral.templates.planning import template_budget_ms
+from coral.templates.planning import plan_inputs
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template
 from coral.workload import Trace
@@ -57,7 +57,7 @@ def runtime_templates(scenario: Any, layout: Any, node: str, prompt_mean: float,
                               throughput_tok_per_s=min(s.throughput_tok_per_s for s in stages),
                               latency_s=sum(s.time_s for s in stages) + comm * last, comm_s=comm)
         out[inst.name] = Template(model=served.name, phase=phase, slo_ms=served.slo_ms(phase),
-                                  budget_ms=template_budget_ms(scenario, served.name, phase), nodes=(cfg.name,) * k,
+                                  budget_ms=plan_inputs(scenario).of(served.name).budget_ms(phase), nodes=(cfg.name,) * k,
                                   placement=placement)
     return out
 

@@ -7,8 +7,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from coral.allocator import Plan
 from coral.allocator.demand import capacity_targets
 from coral.atomic import write_bytes
@@ -16,8 +14,8 @@ from coral.errors import CoralError
 from coral.experiments.pipeline import plan as solve
 from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.perf.model import Phase
-from coral.sim import simulate
-from coral.slo import component_quantile
+from coral.sim import SimResult, simulate
+from coral.slo import Slo, component_quantile, phase_attainment, request_attainment
 from coral.workload import build_workload
 
 Group = tuple[str, Phase]
@@ -60,20 +58,28 @@ def verify_plan(setup: Any, plan: Plan, *, duration_s: float | None = None, seed
                             base_dir=scenario.base_dir)
     result = simulate(scenario, traces, specs, lambda now, demand, running, window: running, duration_s=span,
                       epoch_s=span, init_s=scenario.planner.init_s, seed=seed, router=scenario.planner.router)
+    return result_verdicts(result, {m.name: m.slo for m in scenario.models})
+
+
+def result_verdicts(result: SimResult, slos: Mapping[str, Slo]) -> list[Verdict]:
+    """Each (model, phase)'s attainment in `result` against the targets its SLO sets, read as the
+    simulator's summary reads it (`coral.slo.phase_attainment` / `request_attainment`: met over the
+    resolved requests, those finished or failed; a model none of whose requests is resolved yet
+    counts 0). Models without requests in the run are left out."""
     out = []
     met = result.slo_met
-    with np.errstate(invalid="ignore"):
-        for i, m in enumerate(scenario.models):
-            sel = result.model == i
-            n = int(sel.sum())
-            if n == 0:
-                continue
-            ttft_ok = float(np.mean(result.ttft_s[sel] <= m.ttft_ms / 1e3))
-            tpot_ok = float(np.mean(result.tpot_s[sel] <= m.tpot_ms / 1e3))
-            joint = float(np.mean(met[sel]))
-            for ph, a in ((Phase.PREFILL, ttft_ok), (Phase.DECODE, tpot_ok)):
-                out.append(Verdict(model=m.name, phase=ph, attainment=a, phase_target=component_quantile(m.slo.attainment),
-                                   model_attainment=joint, model_target=m.slo.attainment, requests=n))
+    for i, name in enumerate(result.models):
+        sel = result.model == i
+        n = int(sel.sum())
+        if n == 0 or name not in slos:
+            continue
+        slo = slos[name]
+        joint = request_attainment(met[sel], result.finished[sel], result.failed[sel]) or 0.0
+        for ph in (Phase.PREFILL, Phase.DECODE):
+            latency_s, reached = result.phase_latency_s(ph)
+            a = phase_attainment(latency_s[sel], slo.ms(ph) / 1e3, reached[sel], result.failed[sel]) or 0.0
+            out.append(Verdict(model=name, phase=ph, attainment=a, phase_target=component_quantile(slo.attainment),
+                               model_attainment=joint, model_target=slo.attainment, requests=n))
     return out
 
 

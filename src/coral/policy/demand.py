@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from coral.allocator.demand import Forecaster, capacity_targets, observed_rates
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.scenario.traffic import traffic_sample
+from coral.templates.planning import plan_inputs
 from coral.templates.template import TemplateLibrary
 from coral.workload import Trace
 
@@ -63,10 +63,10 @@ def epoch_demand(scenario: Scenario, window: Mapping[str, Trace], forecast: Fore
     recent = capacity_targets(scenario, window, scale=scale, library=library)
     history = capacity_targets(scenario, library=library)
     out: dict[tuple[str, Phase], float] = {}
-    for m in scenario.models:
-        sample = traffic_sample(scenario, m.name)
+    for m in plan_inputs(scenario):
+        sample = m.history
         base_rate = len(sample) / float(sample.window_s or scenario.planner.history_s)
-        f = want.get(m.name, 0.0) / base_rate if base_rate > 0 else 1.0
+        f = want.get(m.model, 0.0) / base_rate if base_rate > 0 else 1.0
         for ph in (Phase.PREFILL, Phase.DECODE):
-            out[(m.name, ph)] = max(recent[(m.name, ph)].capacity_tok_per_s, f * history[(m.name, ph)].capacity_tok_per_s)
+            out[(m.model, ph)] = max(recent[(m.model, ph)].capacity_tok_per_s, f * history[(m.model, ph)].capacity_tok_per_s)
     return out

@@ -26,7 +26,7 @@ from coral.policy.routing import (
 )
 from coral.sim.hosts import Hosts
 from coral.sim.result import EpochRecord, InstanceRecord, RunRecord, SimResult, build_result
-from coral.templates.planning import model_kv
+from coral.templates.planning import plan_inputs
 from coral.templates.template import Template
 from coral.workload.trace import Trace
 
@@ -231,8 +231,7 @@ class _Sim:
         self.midx = {m: i for i, m in enumerate(self.models)}
         self.specs = [m.spec for m in scenario.models]  # type: ignore[attr-defined]
         # Which instance emits each model's first token: the planner's rule (coral.templates.budget).
-        self.first_at_decode = [model_kv(scenario, m.name).first_token == "decode"
-                                for m in scenario.models]  # type: ignore[attr-defined]
+        self.first_at_decode = [m.kv.first_token == "decode" for m in plan_inputs(scenario)]  # type: ignore[arg-type]
         for name in traces:
             if name not in self.midx:
                 raise CoralError(f"trace for unknown model {name!r}; scenario models: {', '.join(self.models)}")

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from coral.atomic import building_dir
-from coral.slo import attained, request_tpot_s
+from coral.perf.model import Phase
+from coral.slo import attained, phase_attainment, request_attainment, request_tpot_s
 
 STATUS_NAMES = ("in_flight", "in_flight", "in_flight", "finished", "failed")  # by engine status code
 _DONE, _FAILED = 3, 4
@@ -125,6 +126,21 @@ class SimResult:
         return self.decode_start_s - self.kv_arrival_s
 
     @property
+    def finished(self) -> np.ndarray:
+        return self.status == _DONE
+
+    @property
+    def failed(self) -> np.ndarray:
+        return self.status == _FAILED
+
+    def phase_latency_s(self, phase: Phase) -> tuple[np.ndarray, np.ndarray]:
+        """Per request, `phase`'s latency (TTFT or TPOT) and whether it reached the phase's end
+        (its first token, or its last): what `coral.slo.phase_attainment` reads."""
+        if phase is Phase.PREFILL:
+            return self.ttft_s, ~np.isnan(self.first_token_s)
+        return self.tpot_s, self.finished
+
+    @property
     def slo_met(self) -> np.ndarray:
         ttft_slo = np.asarray(self.ttft_slo_s)[self.model]
         tpot_slo = np.asarray(self.tpot_slo_s)[self.model]
@@ -139,7 +155,8 @@ class SimResult:
 
         Returns:
             Top level: `requests` (arrived / finished / failed / in_flight), `cost_usd_per_h`,
-            `goodput_tok_per_s`, `slo_attainment` (met / (finished + failed)),
+            `goodput_tok_per_s`, `slo_attainment` (met / (finished + failed), per model and per
+            phase too: `coral.slo.request_attainment` / `phase_attainment`),
             `slo_attainment_arrived` (met / arrived), `per_model`, `per_epoch`, `events`.
         """
         met = self.slo_met
@@ -156,7 +173,7 @@ class SimResult:
                          "in_flight": int(n - done.sum() - failed.sum())},
             "cost_usd_per_h": cost / hours,
             "goodput_tok_per_s": good_tok / self.duration_s,
-            "slo_attainment": _ratio(float(met.sum()), float(done.sum() + failed.sum())),
+            "slo_attainment": request_attainment(met, done, failed),
             "slo_attainment_arrived": _ratio(float(met.sum()), float(n)),
             "events": self.events,
         }
@@ -182,17 +199,17 @@ class SimResult:
         hours = self.duration_s / 3600.0
         ttft = self.ttft_s[sel]
         first = sel & ~np.isnan(self.first_token_s)
-        with np.errstate(invalid="ignore"):
-            ttft_ok = float((self.ttft_s[first] <= self.ttft_slo_s[m]).sum())
-            tpot_ok = float((self.tpot_s[done] <= self.tpot_slo_s[m]).sum())
-        n_met = float(met[sel].sum())
+        attain: dict[Phase, float | None] = {}
+        for ph, slo_s in ((Phase.PREFILL, self.ttft_slo_s[m]), (Phase.DECODE, self.tpot_slo_s[m])):
+            lat, reached = self.phase_latency_s(ph)
+            attain[ph] = phase_attainment(lat[sel], slo_s, reached[sel], self.failed[sel])
         prefill = self._phase_summary(name, "prefill", hours)
         prefill.update({"ttft_s": _pcts(ttft), "queue_s": _pcts(self.queue_s[sel]),
-                        "slo_attainment": _ratio(ttft_ok, float(first.sum() + failed.sum())),
+                        "slo_attainment": attain[Phase.PREFILL],
                         "tokens_per_s": float(self.prompt_tokens[first].sum()) / self.duration_s})
         decode = self._phase_summary(name, "decode", hours)
         decode.update({"tpot_s": _pcts(self.tpot_s[done]), "queue_s": _pcts(self.decode_queue_s[sel]),
-                       "slo_attainment": _ratio(tpot_ok, float(done.sum() + failed.sum())),
+                       "slo_attainment": attain[Phase.DECODE],
                        "tokens_per_s": float(self.output_tokens[done].sum()) / self.duration_s})
         reasons: dict[str, int] = {}
         for i in np.flatnonzero(failed):
@@ -201,7 +218,7 @@ class SimResult:
             "requests": {"arrived": int(sel.sum()), "finished": int(done.sum()), "failed": int(failed.sum()),
                          "in_flight": int(sel.sum() - done.sum() - failed.sum())},
             "failed_reasons": dict(sorted(reasons.items())),
-            "slo_attainment": _ratio(n_met, float(done.sum() + failed.sum())),
+            "slo_attainment": request_attainment(met[sel], done[sel], failed[sel]),
             "attainment_target": self.attainment_target[m],
             "goodput_tok_per_s": float(self.output_tokens[met & sel].sum()) / self.duration_s,
             "cost_usd_per_h": prefill["cost_usd_per_h"] + decode["cost_usd_per_h"],

@@ -9,7 +9,7 @@ from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.policy.routing import InstanceSpec
 from coral.templates.exact import solve_exact
-from coral.templates.planning import template_budget_ms
+from coral.templates.planning import plan_inputs
 from coral.templates.problem import build_problem
 from coral.templates.template import Template
 
@@ -29,7 +29,7 @@ def hand_template(scenario: Any, model: str, phase: Phase, nodes: Sequence[str],
         The template, or None when no placement fits memory and the SLO.
     """
     served = scenario.model(model)
-    budget = template_budget_ms(scenario, model, phase)
+    budget = plan_inputs(scenario).of(model).budget_ms(phase)
     configs = [scenario.config(n) for n in sorted(nodes)]
     problem = build_problem(scenario.perf, served.spec, phase, configs, stages=stages, batch=batch,
                             prompt_tokens=problem_prompt(served, prompt_tokens),

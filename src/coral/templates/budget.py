@@ -31,7 +31,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from coral.catalog.hardware import NodeConfig
+from coral.catalog.catalog import DEFAULT_NETWORK_GBPS
+from coral.catalog.hardware import NodeConfig, gbps_bytes_per_s
 from coral.catalog.models import ModelSpec
 from coral.perf.model import Phase
 from coral.slo import Slo
@@ -66,6 +67,10 @@ class KvModel:
         held to it): the whole quantile prompt in "decode" mode, `P/(D−1)` per output token else."""
         return self.prompt_q if self.first_token == "decode" else self.per_output_q
 
+    def allowance_in_ms(self, phase: Phase) -> float:
+        """What the transfer's allowance takes off `phase`'s SLO (ms): all of it in its owner, else 0."""
+        return self.allowance_ms if self.owner is phase else 0.0
+
     def rate_tokens(self, phase: Phase) -> float:
         """Prompt tokens of KV per work token a `phase` template's NICs move (throughput cap)."""
         return 1.0 if phase is Phase.PREFILL else self.prompt_per_output
@@ -80,7 +85,7 @@ def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequen
     per_token = model.num_layers * model.kv_bytes_per_token_layer
     mode = first_token
     if mode == "auto":
-        nic = statistics.median(c.network_bytes_per_s for c in configs) if configs else 1.25e9
+        nic = statistics.median(c.network_bytes_per_s for c in configs) if configs else gbps_bytes_per_s(DEFAULT_NETWORK_GBPS)
         in_ttft = lengths.prompt_q * per_token / nic * 1e3 / (ttft_share * slo.ttft_ms)
         in_tpot = lengths.kv_per_token_q * per_token / nic * 1e3 / (tpot_share * slo.tpot_ms)
         mode = "decode" if in_ttft < in_tpot else "prefill"
@@ -96,4 +101,4 @@ def latency_budget_ms(slo: Slo, phase: Phase, *, ttft_headroom: float, tpot_head
     allowance in the phase the transfer counts in (module docstring). Can be <= 0."""
     if phase is Phase.PREFILL:  # the allowance comes out of the queueing share (coral.allocator.demand)
         return slo.ttft_ms * ttft_headroom
-    return slo.tpot_ms * tpot_headroom - (kv.allowance_ms if kv is not None and kv.owner is phase else 0.0)
+    return slo.tpot_ms * tpot_headroom - (kv.allowance_in_ms(phase) if kv is not None else 0.0)

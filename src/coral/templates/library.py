@@ -17,9 +17,7 @@ from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
-from coral.scenario.traffic import length_summary
-from coral.templates.budget import latency_budget_ms
-from coral.templates.planning import model_kv
+from coral.templates.planning import plan_inputs
 from coral.templates.problem import (
     FIRST,
     LAST,
@@ -622,15 +620,15 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
         CoralError: a model whose traffic can't be read.
     """
     planner = scenario.planner
+    planning = plan_inputs(scenario)
     out = []
     for m in scenario.models:
         if models and m.name not in models:
             continue
-        lengths = length_summary(scenario, m.name)
-        kv = model_kv(scenario, m.name)
+        mp = planning.of(m.name)
+        lengths, kv = mp.lengths, mp.kv
         for phase in phases or (Phase.PREFILL, Phase.DECODE):
-            budget = latency_budget_ms(m.slo, phase, ttft_headroom=planner.ttft_headroom,
-                                       tpot_headroom=planner.tpot_headroom, kv=kv)
+            budget = mp.budget_ms(phase)
             if not budget > 0:
                 raise CoralError(
                     f"model {m.name}: its {phase.value} budget ({m.slo_ms(phase):g} ms x headroom) leaves "
@@ -641,7 +639,7 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
             out.append(TemplateSpec(
                 model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), budget_ms=budget,
                 prompt_tokens=lengths.prompt_q if prefill else lengths.prompt_mean,
-                output_tokens=lengths.output_mean, configs=tuple(scenario.configs), n_max=n_max or planner.n_max,
+                output_tokens=lengths.output_mean, configs=mp.configs, n_max=n_max or planner.n_max,
                 rho=rho or planner.rho, batches=batches or (1,),
                 work_prompt_tokens=lengths.prompt_work if prefill else None,
                 lengths=tuple(sorted(lengths.key().items())),

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from test_allocator_reduced import instance
 
-from coral.allocator.ilp import alpha_bound_probes, decode_counts, formulate, relaxed
+from coral.allocator.goodput import alpha_bound_probes
+from coral.allocator.ilp import decode_counts, formulate, relaxed
 from coral.allocator.incumbent import max_alpha_incumbent, served
 from coral.allocator.inputs import build_columns, build_inputs
 from coral.solver import SolveOptions, Status, solve

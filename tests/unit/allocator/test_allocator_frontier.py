@@ -18,8 +18,9 @@ from allocator_helpers import (
 
 from coral.allocator import allocate, verify_plan
 from coral.allocator.allocate import frontier_columns
-from coral.allocator.ilp import Allocated, prev_counts, solve_allocation
+from coral.allocator.ilp import prev_counts
 from coral.allocator.inputs import build_columns, build_inputs
+from coral.allocator.search import Allocated, solve_allocation
 from coral.solver import SolveOptions
 
 EXACT = SolveOptions(backend="highs", time_limit_s=30, mip_gap=1e-9)

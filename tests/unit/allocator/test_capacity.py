@@ -132,7 +132,7 @@ def test_a_model_with_no_traffic_gets_no_capacity_but_its_templates_still_have_l
     from coral.allocator.demand import capacity_targets
     from coral.perf.model import Phase
     from coral.scenario import load_scenario
-    from coral.scenario.traffic import length_summary
+    from coral.templates.planning import plan_inputs
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({
@@ -140,7 +140,9 @@ def test_a_model_with_no_traffic_gets_no_capacity_but_its_templates_still_have_l
         "models": [{"name": "phi-4", "ttft_ms": 3000, "tpot_ms": 150, "workload": {
             "rate_per_s": 1e-6, "dataset": "synthetic", "prompt_tokens_mean": 500, "output_tokens_mean": 50}}]}))
     s = load_scenario(str(path))
-    assert length_summary(s, "phi-4").requests > 100  # drawn at 1 req/s for the lengths
+    planning = plan_inputs(s).of("phi-4")
+    assert planning.lengths.requests > 100  # drawn at 1 req/s for the lengths
+    assert len(planning.history) < 10  # while the history is at the model's own rate
     targets = capacity_targets(s)
     assert targets[("phi-4", Phase.PREFILL)].capacity_tok_per_s == 0.0
     assert targets[("phi-4", Phase.DECODE)].capacity_tok_per_s == 0.0

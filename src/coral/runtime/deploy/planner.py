@@ -37,9 +37,9 @@ from coral.runtime.deploy.plan_file import parse_plan
 from coral.runtime.deploy.vllm import nodes_of, vllm_templates
 from coral.runtime.serving.window import EpochObservation
 from coral.scenario import Scenario, with_demand_scale
-from coral.scenario.traffic import traffic_sample
 from coral.solver import SolveOptions
 from coral.templates.library import build_library
+from coral.templates.planning import plan_inputs
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template, TemplateLibrary
 from coral.workload import Trace, cut, scale_to_rate
@@ -233,12 +233,12 @@ def traffic_observation(scenario: Scenario, factor: float = 1.0, *, epoch_s: flo
     if factor < 0 or not span > 0:
         raise ValueError(f"factor must be >= 0 and epoch_s > 0, got {factor} and {span}")
     window: dict[str, Trace] = {}
-    for m in scenario.models:
-        sample = traffic_sample(scenario, m.name)
+    for m in plan_inputs(scenario):
+        sample = m.history
         if factor > 0 and sample.rate_per_s > 0:
-            window[m.name] = cut(scale_to_rate(sample, factor * sample.rate_per_s), 0.0, span)
+            window[m.model] = cut(scale_to_rate(sample, factor * sample.rate_per_s), 0.0, span)
         else:
-            window[m.name] = Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
+            window[m.model] = Trace(name=m.model, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, dtype=np.int64),
                                    output_tokens=np.zeros(0, dtype=np.int64), window_s=span)
     demand = {m: {"prefill": float(t.prompt_tokens.sum()) / span, "decode": float(t.output_tokens.sum()) / span}
               for m, t in window.items()}
