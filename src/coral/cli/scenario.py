@@ -52,7 +52,7 @@ def scenario_summary(s: Any) -> dict[str, Any]:
                                             "available": s.availability[(r, c)], "derived": s.is_derived(r, c),
                                             **({"suspect": s.suspect[(r, c)]} if (r, c) in s.suspect else {})}
                                            for c in (cfg.name for cfg in s.configs) if (r, c) in s.prices],
-                     **({"spot": spot_summary(s, r)} if r in s.spot_share_cap else {})}
+                     **({"spot": spot_summary(s, r)} if any(k[0] == r for k in s.spot) else {})}
                     for r in s.regions],
         "warnings": s.warnings(),
         "perf": s.perf.version, "planner": s.planner.model_dump(),
@@ -63,7 +63,7 @@ def spot_summary(s: Any, region: str) -> dict[str, Any]:
     """A spot region's offers and process (only regions with `spot: true` have one)."""
     offers = [s.spot[(region, c.name)] for c in s.configs if (region, c.name) in s.spot]
     p = offers[0].process
-    return {"share_cap": s.spot_share_cap[region],
+    return {"share_cap": {m.name: s.spot_share_cap[(region, m.name)] for m in s.models},
             "process": {"preemption_per_node_h": p.preemption_per_node_h, "co_loss_share": p.co_loss_share,
                         "availability": p.availability, "recovery_s": p.recovery_s, "source": p.source},
             "offers": [{"config": o.config, "instance_type": o.instance_type, "spot_usd_per_h": o.spot_usd_per_h,
@@ -76,7 +76,8 @@ def _print_spot(s: Any, data: dict[str, Any]) -> None:
             continue
         spot = region["spot"]
         p = spot["process"]
-        t = Table(title=f"Spot offers in {region['name']} (share cap {spot['share_cap']:g})")
+        caps = ", ".join(f"{m} {cap:g}" for m, cap in spot["share_cap"].items())
+        t = Table(title=f"Spot offers in {region['name']} (spot share cap per model: {caps})")
         for col in ("config", "instance type", "spot $/h", "on-demand $/h", "spot / on-demand"):
             t.add_column(col)
         for o in spot["offers"]:

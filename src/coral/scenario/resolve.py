@@ -81,7 +81,7 @@ class Scenario:
     suspect: Mapping[tuple[str, str], str] = field(default_factory=dict)
     # (region, config) -> its spot offer, in the regions with `spot: true` (none when spot is off)
     spot: Mapping[tuple[str, str], SpotOffer] = field(default_factory=dict)
-    spot_share_cap: Mapping[str, float] = field(default_factory=dict)  # region -> regions[].spot_share_cap
+    spot_share_cap: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (region, model) -> its cap
 
     def is_derived(self, region: str, config: str) -> bool:
         return (region, config) in self.derived

@@ -49,9 +49,9 @@ class RegionEntry(_Strict):
     spot_co_loss_share: float | None = Field(None, description=(
         "Your own correlation of preemptions within the region, in [0, 1]: for a node that is lost, the share of "
         "the other held nodes lost with it (0: independent, 1: all together); default the fitted one."))
-    spot_share_cap: float = Field(1.0, description=(
+    spot_share_cap: float | dict[str, float] = Field(1.0, description=(
         "Largest share of each model's capacity in this region that may be spot, in (0, 1]: bounds what one "
-        "correlated event can take."))
+        "correlated event can take. One number for every model, or {model: share} (models not listed: 1, no cap)."))
 
     @field_validator("spot_preemption_per_h")
     @classmethod
@@ -71,10 +71,12 @@ class RegionEntry(_Strict):
 
     @field_validator("spot_share_cap")
     @classmethod
-    def _cap_ok(cls, v: float) -> float:
-        if not 0 < v <= 1:
-            raise ValueError(f"spot_share_cap must be in (0, 1], got {v}; give the largest share of a model's "
-                             "capacity here that may be spot, e.g. 0.5 (1: no cap)")
+    def _cap_ok(cls, v: float | dict[str, float]) -> float | dict[str, float]:
+        for model, cap in (v.items() if isinstance(v, dict) else [("", v)]):
+            if not 0 < cap <= 1:
+                where = f"spot_share_cap of {model}" if model else "spot_share_cap"
+                raise ValueError(f"{where} must be in (0, 1], got {cap}; give the largest share of a model's "
+                                 "capacity here that may be spot, e.g. 0.5 (1: no cap)")
         return v
 
     @field_validator("prices")

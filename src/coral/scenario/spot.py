@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from coral.catalog.catalog import Catalog
+from coral.catalog.catalog import Catalog, did_you_mean
 from coral.catalog.spot import SpotOffer, SpotProcess, fitted_process
 from coral.errors import CoralError
 from coral.scenario.schema import RegionEntry, ScenarioFile
@@ -27,18 +27,36 @@ def region_process(entry: RegionEntry) -> SpotProcess:
         source=f"scenario ({', '.join(own)}); the rest: {fit.source}")
 
 
-def spot_offers(file: ScenarioFile, catalog: Catalog, prices: Mapping[tuple[str, str], float],
-                derived: frozenset[tuple[str, str]] | set[tuple[str, str]]
-                ) -> tuple[dict[tuple[str, str], SpotOffer], dict[str, float]]:
-    """The spot offers of the regions with `spot: true`, by (region, configuration), and each such
-    region's `spot_share_cap`. A configuration gets one where the region sells it with a spot price
-    (a derived shape has none); its on-demand price is the scenario's.
+def share_caps(file: ScenarioFile, i: int) -> dict[str, float]:
+    """Model -> its spot share cap in `file.regions[i]` (every model; 1 where none is set).
 
     Raises:
-        CoralError: a region with `spot: true` where none of the scenario's configurations has a spot price.
+        CoralError: a cap for a model the scenario does not serve.
+    """
+    entry = file.regions[i]
+    models = [m.name for m in file.models]
+    if not isinstance(entry.spot_share_cap, dict):
+        return {m: entry.spot_share_cap for m in models}
+    for name in entry.spot_share_cap:
+        if name not in models:
+            raise CoralError(f"scenario {file.name}: regions.{i}.spot_share_cap names model {name!r}, which the "
+                             f"scenario does not serve ({', '.join(models)}){did_you_mean(name, models)}")
+    return {m: entry.spot_share_cap.get(m, 1.0) for m in models}
+
+
+def spot_offers(file: ScenarioFile, catalog: Catalog, prices: Mapping[tuple[str, str], float],
+                derived: frozenset[tuple[str, str]] | set[tuple[str, str]]
+                ) -> tuple[dict[tuple[str, str], SpotOffer], dict[tuple[str, str], float]]:
+    """The spot offers of the regions with `spot: true`, by (region, configuration), and each
+    model's `spot_share_cap` there, by (region, model). A configuration gets one where the region
+    sells it with a spot price (a derived shape has none); its on-demand price is the scenario's.
+
+    Raises:
+        CoralError: a region with `spot: true` where none of the scenario's configurations has a spot
+            price, or a cap for a model the scenario does not serve.
     """
     offers: dict[tuple[str, str], SpotOffer] = {}
-    caps: dict[str, float] = {}
+    caps: dict[tuple[str, str], float] = {}
     for i, entry in enumerate(file.regions):
         if not entry.spot:
             continue
@@ -57,5 +75,5 @@ def spot_offers(file: ScenarioFile, catalog: Catalog, prices: Mapping[tuple[str,
                 f"scenario {file.name}: regions.{i}.spot is true but {entry.name} has no spot price for any of its "
                 f"configurations ({', '.join(sold) or 'none'}); set spot: false there, or give prices_csv "
                 "with a spot_price_per_hour column")
-        caps[entry.name] = entry.spot_share_cap
+        caps.update({(entry.name, m): cap for m, cap in share_caps(file, i).items()})
     return offers, caps
