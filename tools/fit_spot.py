@@ -29,7 +29,9 @@ held; a fall from one tick to the next is a loss of that many nodes, one *event*
 - `recovery_mean_s`, `recovery_spells`: mean length of a spell below the requested count, from
   a loss until the count is back to full, over the spells that end inside the trace.
 
-The ticks are 32-600 s apart, so two losses inside one tick count as one event of two nodes:
+Both kinds of series are read alike: a fall in an `availability` series (instances obtained)
+counts as a loss as one in a `preemption` series (instances still running) does. That is our
+reading; upstream defines neither further (the data README says so). The ticks are 32-600 s apart, so two losses inside one tick count as one event of two nodes:
 `co_loss_share` is an upper bound at the tick's resolution. Only V100 (and K80) are traced;
 no public trace covers L4, A10G, L40S, A100, H100 or B200, and Coral uses the V100 pool as
 their proxy.
