@@ -76,6 +76,7 @@ def test_api_key_required(secure: tuple[Deployment, CurveKeys]) -> None:
     assert 401 == http("POST", dep.url + "/v1/completions", {"model": "llama", "prompt": "hi"}, {"Authorization": "Bearer nope"})[0]
     assert 401 == http("POST", dep.url + "/admin/plan", {"instances": []})[0]
     assert 401 == http("GET", dep.url + "/admin/instances")[0]
+    assert 401 == http("POST", dep.url + "/admin/preempt", {"node": "llama"})[0]  # the notice hook is behind the key too
     assert 200 == http("GET", dep.url + "/health")[0]
     _ok(dep)
 

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from coral.catalog.hardware import GpuType, LinkFit, NodeConfig, split_config_name, split_group_name
+from coral.catalog.spot import SpotOffer, SpotProcess, fitted_process
 from coral.errors import CoralError, unknown
 
 _CONFIG_LIKE = re.compile(r"^\d+x")
@@ -141,6 +142,17 @@ class Catalog:
     def offer(self, region: str, config: str) -> Offer | None:
         """The offer of `config` in `region`, or None where that region does not sell it."""
         return self.offers.get((self.check_region(region), self.config(config).name))
+
+    def spot_offer(self, region: str, config: str, process: SpotProcess | None = None) -> SpotOffer | None:
+        """The spot offer beside `config`'s on-demand one in `region`: its spot price and the spot
+        process (`process`, default the region's fit, `coral.catalog.spot.fitted_process`); None
+        where the region does not sell it or has no spot price for it."""
+        offer = self.offer(region, config)
+        if offer is None or offer.spot_usd_per_h is None:
+            return None
+        return SpotOffer(region=offer.region, config=offer.config, instance_type=offer.instance_type,
+                         spot_usd_per_h=offer.spot_usd_per_h, on_demand_usd_per_h=offer.price_usd_per_h,
+                         process=process or fitted_process(offer.region))
 
     def configs_in(self, region: str) -> tuple[str, ...]:
         self.check_region(region)

@@ -51,11 +51,42 @@ def scenario_summary(s: Any) -> dict[str, Any]:
         "regions": [{"name": r, "offers": [{"config": c, "price_usd_per_h": s.prices[(r, c)],
                                             "available": s.availability[(r, c)], "derived": s.is_derived(r, c),
                                             **({"suspect": s.suspect[(r, c)]} if (r, c) in s.suspect else {})}
-                                           for c in (cfg.name for cfg in s.configs) if (r, c) in s.prices]}
+                                           for c in (cfg.name for cfg in s.configs) if (r, c) in s.prices],
+                     **({"spot": spot_summary(s, r)} if any(k[0] == r for k in s.spot) else {})}
                     for r in s.regions],
         "warnings": s.warnings(),
         "perf": s.perf.version, "planner": s.planner.model_dump(),
     }
+
+
+def spot_summary(s: Any, region: str) -> dict[str, Any]:
+    """A spot region's offers and process (only regions with `spot: true` have one)."""
+    offers = [s.spot[(region, c.name)] for c in s.configs if (region, c.name) in s.spot]
+    p = offers[0].process
+    return {"share_cap": {m.name: s.spot_share_cap[(region, m.name)] for m in s.models},
+            "process": {"preemption_per_node_h": p.preemption_per_node_h, "co_loss_share": p.co_loss_share,
+                        "availability": p.availability, "recovery_s": p.recovery_s, "source": p.source},
+            "offers": [{"config": o.config, "instance_type": o.instance_type, "spot_usd_per_h": o.spot_usd_per_h,
+                        "on_demand_usd_per_h": o.on_demand_usd_per_h} for o in offers]}
+
+
+def _print_spot(s: Any, data: dict[str, Any]) -> None:
+    for region in data["regions"]:
+        if "spot" not in region:
+            continue
+        spot = region["spot"]
+        p = spot["process"]
+        caps = ", ".join(f"{m} {cap:g}" for m, cap in spot["share_cap"].items())
+        t = Table(title=f"Spot offers in {region['name']} (spot share cap per model: {caps})")
+        for col in ("config", "instance type", "spot $/h", "on-demand $/h", "spot / on-demand"):
+            t.add_column(col)
+        for o in spot["offers"]:
+            t.add_row(o["config"], o["instance_type"], f"{o['spot_usd_per_h']:.2f}", f"{o['on_demand_usd_per_h']:.2f}",
+                      f"{o['spot_usd_per_h'] / o['on_demand_usd_per_h']:.0%}" if o["on_demand_usd_per_h"] else "-")
+        console.print(t)
+        console.print(f"spot process: {p['preemption_per_node_h']:.3g} preemptions per node-hour, co-loss share "
+                      f"{p['co_loss_share']:.2f}, availability {p['availability']:.0%}, {p['recovery_s'] / 3600:.1f} h to "
+                      f"get capacity back; {p['source']}", highlight=False)
 
 
 @scenario.command("show")
@@ -92,6 +123,7 @@ def scenario_show(scenario_name: str, as_json: bool) -> None:
                  f"{' SUSPECT' if (r, c) in s.suspect else ''}" if (r, c) in s.prices else "-" for r in s.regions]
         t.add_row(c, *cells)
     console.print(t)
+    _print_spot(s, data)
     if s.derived:
         console.print("derived: a shape the region does not sell, priced per GPU from the nearest larger shape sold there "
                       "(derive_missing_prices)")

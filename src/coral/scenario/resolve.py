@@ -16,12 +16,14 @@ from pydantic import BaseModel, ValidationError
 from coral.catalog.catalog import Catalog, builtin_catalog, did_you_mean, load_prices_csv
 from coral.catalog.hardware import NodeConfig, split_group_name
 from coral.catalog.models import ModelSpec, resolve_model_spec
+from coral.catalog.spot import SpotOffer
 from coral.errors import CoralError, unknown
 from coral.file_kinds import wrong_kind
 from coral.perf.model import PerfModel, Phase, SystemParams
 from coral.perf.profile import load_profile_csv, profile_from_helix
 from coral.perf.roofline import RooflinePerf
 from coral.scenario.schema import PlannerEntry, ScenarioFile
+from coral.scenario.spot import spot_offers
 from coral.slo import Slo
 from coral.workload import WorkloadSpec
 
@@ -77,6 +79,9 @@ class Scenario:
     derived: frozenset[tuple[str, str]] = frozenset()
     # (region, config) -> the [SUSPECT ...] note of the catalog row its price comes from
     suspect: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    # (region, config) -> its spot offer, in the regions with `spot: true` (none when spot is off)
+    spot: Mapping[tuple[str, str], SpotOffer] = field(default_factory=dict)
+    spot_share_cap: Mapping[tuple[str, str], float] = field(default_factory=dict)  # (region, model) -> its cap
 
     def is_derived(self, region: str, config: str) -> bool:
         return (region, config) in self.derived
@@ -319,10 +324,11 @@ def resolve(file: ScenarioFile, base: Path | None = None, catalog: Catalog | Non
                     attainment=entry.slo_attainment if entry.slo_attainment is not None else file.slo_attainment),
             rate_per_s=entry.workload.rate_per_s, prompt_tokens_mean=p_mean, output_tokens_mean=d_mean,
             workload=entry.workload, regions=tuple(entry.regions) if entry.regions else None))
+    spot, spot_cap = spot_offers(file, catalog, prices, derived)
     return Scenario(name=file.name, description=file.description, models=tuple(models), configs=configs,
                     regions=regions, prices=prices, availability=availability,
                     perf=_perf_model(file, catalog, base), planner=file.planner, catalog=catalog, source=file,
-                    base_dir=base, derived=frozenset(derived), suspect=suspect)
+                    base_dir=base, derived=frozenset(derived), suspect=suspect, spot=spot, spot_share_cap=spot_cap)
 
 
 def with_demand_scale(scenario: Scenario, factor: float) -> Scenario:

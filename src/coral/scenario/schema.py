@@ -40,6 +40,45 @@ class RegionEntry(_Strict):
     availability: dict[str, int] = Field(default_factory=dict, description=(
         "Nodes available per configuration; configurations not listed get the scenario's default_availability."))
 
+    spot: bool = Field(False, description=(
+        "Offer each configuration's spot instance in this region beside its on-demand one: the catalog's spot "
+        "price with the preemption process fitted from AWS spot traces (V100, the proxy for every GPU; "
+        "docs/reference/allocator.md). Off: nothing about spot changes the scenario."))
+    spot_preemption_per_h: float | None = Field(None, description=(
+        "Your own spot preemption rate per node-hour (a Poisson process, >= 0) instead of the fitted one."))
+    spot_co_loss_share: float | None = Field(None, description=(
+        "Your own correlation of preemptions within the region, in [0, 1]: for a node that is lost, the share of "
+        "the other held nodes lost with it (0: independent, 1: all together); default the fitted one."))
+    spot_share_cap: float | dict[str, float] = Field(1.0, description=(
+        "Largest share of each model's capacity in this region that may be spot, in (0, 1]: bounds what one "
+        "correlated event can take. One number for every model, or {model: share} (models not listed: 1, no cap)."))
+
+    @field_validator("spot_preemption_per_h")
+    @classmethod
+    def _rate_ok(cls, v: float | None) -> float | None:
+        if v is not None and not (v >= 0 and v != float("inf")):
+            raise ValueError(f"spot_preemption_per_h must be a finite number >= 0 (preemptions per node-hour), got {v}; "
+                             "give e.g. 0.4, or leave it out for the fitted rate")
+        return v
+
+    @field_validator("spot_co_loss_share")
+    @classmethod
+    def _rho_ok(cls, v: float | None) -> float | None:
+        if v is not None and not 0 <= v <= 1:
+            raise ValueError(f"spot_co_loss_share must be in [0, 1], got {v}; give e.g. 0.5, or leave it out for "
+                             "the fitted correlation")
+        return v
+
+    @field_validator("spot_share_cap")
+    @classmethod
+    def _cap_ok(cls, v: float | dict[str, float]) -> float | dict[str, float]:
+        for model, cap in (v.items() if isinstance(v, dict) else [("", v)]):
+            if not 0 < cap <= 1:
+                where = f"spot_share_cap of {model}" if model else "spot_share_cap"
+                raise ValueError(f"{where} must be in (0, 1], got {cap}; give the largest share of a model's "
+                                 "capacity here that may be spot, e.g. 0.5 (1: no cap)")
+        return v
+
     @field_validator("prices")
     @classmethod
     def _prices_ok(cls, v: dict[str, float]) -> dict[str, float]:

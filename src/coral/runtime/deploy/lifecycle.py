@@ -23,6 +23,12 @@ starts, the coordinator holds the model's new requests for it instead of refusin
 instance that lost a node of a data-parallel stage keeps serving on the others (``degraded``);
 a replacement of the same shape is started beside it, and once that one takes traffic the
 degraded one is drained (it finishes what it holds).
+
+Spot preemption notice (:meth:`Controller.preempt`, ``POST /admin/preempt``): a provisioner that
+learns a spot node will be taken (AWS gives 2 minutes) names it; the instance on it stops taking
+new requests at once and finishes the ones it holds (a drain), and a replacement of the same
+shape starts at once; the model's new requests are held for it meanwhile where no other instance
+takes them. A request still on the node when it goes is resent like any other lost one.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
 from coral.runtime.deploy.provisioner import Provisioner
 from coral.runtime.serving.coordinator import Coordinator
@@ -128,19 +135,26 @@ def _fresh_name(spec: InstanceSpec, taken: set[str]) -> str:
     return name
 
 
+REPAIR_REASONS = ("failed", "degraded", "preempted")
+# reasons whose replacement takes the old instance's place in the plan at once (the old one serves no more)
+_IN_PLACE = ("failed", "preempted")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Repair:
     """A replacement under way: the instance it replaces, why, and when it was started."""
 
     name: str  # the replacement
     replaces: str
-    reason: str  # "failed" (the instance was lost) | "degraded" (it lost a node; drained once this one is up)
+    # "failed" (the instance was lost) | "degraded" (it lost a node; drained once this one is up) |
+    # "preempted" (a spot notice: drained at once, this one takes its place)
+    reason: str
     spec: InstanceSpec
     t_start: float
 
     def __post_init__(self) -> None:
-        if self.reason not in ("failed", "degraded"):
-            raise ValueError(f"repair reason must be failed or degraded, got {self.reason!r}")
+        if self.reason not in REPAIR_REASONS:
+            raise ValueError(f"repair reason must be one of {', '.join(REPAIR_REASONS)}, got {self.reason!r}")
 
 
 def _renamed(spec: InstanceSpec, name: str) -> InstanceSpec:
@@ -304,7 +318,7 @@ class Controller:
                 if rep is not None:  # a replacement that failed: back off before the next one
                     n, _ = self._failures.get(shape_key(rep.spec), (0, 0.0))
                     self._failures[shape_key(rep.spec)] = (n + 1, now + min(60.0, 2.0 ** n))
-                    if rep.reason == "failed":
+                    if rep.reason in _IN_PLACE:
                         self._lost.append((rep.replaces, rep.spec))
                 elif spec is not None:
                     self._lost.append((name, spec))
@@ -368,18 +382,52 @@ class Controller:
             self._expect_replacements(now)
             return started
 
+    def preempt(self, node: str) -> Repair:
+        """A spot preemption notice for ``node``: the instance on it (``node`` is the instance's name or
+        one of its engine nodes, ``<instance>/<stage>/<k>``) takes no new request from now on and
+        finishes those it holds; a replacement of the same shape starts at once and takes its place.
+
+        Returns:
+            The replacement under way.
+
+        Raises:
+            CoralError: no running instance of that name (nothing is done).
+        """
+        name = node.strip().split("/", 1)[0]
+        with self._lock:
+            self._sweep()
+            if name not in self.running or name in self.draining:
+                running = ", ".join(sorted(n for n in self.running if n not in self.draining)) or "(none)"
+                raise CoralError(f"node {node!r}: no running instance {name!r} to drain; running: {running}")
+            now = time.monotonic()
+            spec = self.running.pop(name)
+            self.starting.pop(name, None)
+            self.repairs.pop(name, None)  # itself a replacement still starting: the new one replaces it
+            for other in [r for r, rep in self.repairs.items() if rep.replaces == name]:
+                self.repairs.pop(other)  # a replacement for a degraded node of it: this one replaces it now
+                self.running.pop(other, None)
+                self.starting.pop(other, None)
+                self.provisioner.stop_instance(other)
+            rep = self._start_repair(name, spec, "preempted", now)
+            self.draining[name] = now
+            if not self.coordinator.drain(name, "spot preemption notice"):  # not registered yet: nothing to drain
+                self.provisioner.stop_instance(name)
+                self.draining.pop(name, None)
+            self._expect_replacements(now)
+            return rep
+
     def _start_repair(self, name: str, spec: InstanceSpec, reason: str, now: float) -> Repair:
         new = _renamed(spec, _fresh_name(spec, self.taken))
         rep = Repair(name=new.name, replaces=name, reason=reason, spec=new, t_start=now)
         self.repairs[new.name] = rep
         self.taken.add(new.name)
         self.starting[new.name] = now
-        if reason == "failed":
+        if reason in _IN_PLACE:
             self.running[new.name] = new  # it takes the lost one's place in the plan at once
         key = (spec.model, reason)
         self.repair_counts[key] = self.repair_counts.get(key, 0) + 1
-        log.warning("controller: %s %s; starting %s (%s) in its place", name, "failed" if reason == "failed" else
-                    "lost a node", new.name, describe(new))  # fmt: skip
+        why = {"failed": "failed", "degraded": "lost a node", "preempted": "has a spot preemption notice"}[reason]
+        log.warning("controller: %s %s; starting %s (%s) in its place", name, why, new.name, describe(new))
         self.provisioner.start_instance(new, self.cluster.model(new.model), self.cluster, self.coordinator_address)
         return rep
 
@@ -387,14 +435,14 @@ class Controller:
         """Tell the coordinator which models wait for a replacement (their requests are held, not refused)."""
         expected: dict[str, float] = {}
         for r in self.repairs.values():
-            if r.reason == "failed":
+            if r.reason in _IN_PLACE:
                 expected[r.spec.model] = max(expected.get(r.spec.model, 0.0), r.t_start + min(self.start_timeout_s, 120.0))
         self.coordinator.expected = expected
 
     def repairing_models(self) -> frozenset[str]:
         """Models with a failed instance being replaced."""
         with self._lock:
-            return frozenset(r.spec.model for r in self.repairs.values() if r.reason == "failed") | frozenset(
+            return frozenset(r.spec.model for r in self.repairs.values() if r.reason in _IN_PLACE) | frozenset(
                 spec.model for _n, spec in self._lost)
 
     def health(self) -> dict[str, str]:

@@ -13,7 +13,7 @@ from coral.runtime.serving.coordinator import RequestError
 from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.responses import json_response
 
-__all__ = ["AdminAction", "PlanAdmin", "add_admin_routes"]
+__all__ = ["AdminAction", "AdminRepair", "PlanAdmin", "add_admin_routes"]
 
 
 class AdminAction(Protocol):
@@ -24,6 +24,16 @@ class AdminAction(Protocol):
 
     @property
     def name(self) -> str: ...
+
+
+class AdminRepair(Protocol):
+    """A replacement a notice started: its name and the instance it replaces."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def replaces(self) -> str: ...
 
 
 class PlanAdmin(Protocol):
@@ -42,6 +52,15 @@ class PlanAdmin(Protocol):
         """
         ...
 
+    def preempt(self, node: str) -> AdminRepair:
+        """A spot preemption notice for ``node`` (an instance name or ``<instance>/<stage>/<k>``): drain
+        its instance now (running requests finish) and start a replacement of the same shape.
+
+        Raises:
+            CoralError: no running instance of that name (the answer is a 404).
+        """
+        ...
+
     def health(self) -> dict[str, str]:
         """model -> ok | degraded | unavailable | starting (the repairs under way included)."""
         ...
@@ -52,7 +71,8 @@ class PlanAdmin(Protocol):
 
 
 def add_admin_routes(app: FastAPI, admin: PlanAdmin | None) -> None:
-    """``GET /admin/instances`` and ``POST /admin/plan`` (404 without a plan controller; the guard checks the key)."""
+    """``GET /admin/instances``, ``POST /admin/plan`` and ``POST /admin/preempt`` (404 without a plan
+    controller; the guard checks the admin key)."""
 
     @app.get("/admin/instances", summary="The plan controller's view of the instances")
     def admin_instances() -> Response:
@@ -70,3 +90,17 @@ def add_admin_routes(app: FastAPI, admin: PlanAdmin | None) -> None:
         except CoralError as e:
             raise RequestError(400, str(e), "instances") from None
         return json_response({"actions": [{"kind": a.kind, "instance": a.name} for a in actions]})
+
+    @app.post("/admin/preempt", summary="A spot preemption notice: drain the node's instance, start its replacement")
+    def admin_preempt(body: Any = Body(...)) -> Response:  # noqa: B008 - FastAPI's idiom
+        ctl = admin
+        if ctl is None:
+            raise RequestError(404, "no plan controller")
+        node = body.get("node") if isinstance(body, dict) else None
+        if not isinstance(node, str) or not node.strip():
+            raise RequestError(400, 'body must be {"node": "<instance>" or "<instance>/<stage>/<k>"}', "node")
+        try:
+            rep = ctl.preempt(node)
+        except CoralError as e:
+            raise RequestError(404, str(e), "node") from None
+        return json_response({"draining": rep.replaces, "replacement": rep.name})

@@ -112,7 +112,8 @@ class FleetStats:
     health: Mapping[str, str] = field(default_factory=dict)  # model -> one of HEALTH_STATES
     plan_cost_usd_per_h: float | None = None  # None: the running plan has no prices (a hand-written cluster file)
     replans: int = 0  # plan changes carried out (epochs that changed something, /admin/plan)
-    #: (model, reason) -> repairs started; reason "failed" (an instance lost) or "degraded" (a node lost)
+    #: (model, reason) -> repairs started; reason "failed" (an instance lost), "degraded" (a node lost) or
+    #: "preempted" (a spot preemption notice)
     repairs: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
