@@ -177,7 +177,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
                     rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
     """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, specs_for
 
@@ -225,7 +225,7 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
 def templates_show(scenario_name: str, model: str | None, phase: str | None, region: str | None, top: int,
                    n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
     """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
     from coral.perf import Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
@@ -274,7 +274,7 @@ def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, 
                      jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
     """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
     and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.motivation import motivation
 
     check_output_path(out, "--out", folder=True)
