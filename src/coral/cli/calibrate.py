@@ -29,7 +29,7 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     fitted to layers rebuilt from measured vLLM kernels (aiconfigurator) with their held-out
     models and the gpt-oss MoE check. `python tools/fit_links.py` and `python
     tools/fit_kernels.py` rewrite / check the shipped all-reduce rows and kernel efficiencies."""
-    # lazy: the fits (numpy, scipy) load only when the command runs (`coral --help` stays quick)
+    # lazy: the fits (numpy, scipy) load when the command runs, not when `coral` starts
     from coral.perf.calibrate import calibration_report
     from coral.perf.collectives import AIC_FILE
     from coral.workload_data import public_data_path

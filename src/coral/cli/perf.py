@@ -27,7 +27,7 @@ from coral.cli.common import console, emit_json, json_opt
 def perf_cmd(model: str, node: str, phase: str, batch: int, prompt_tokens: float, output_tokens: float,
              stages: int, profile: str | None, as_json: bool) -> None:
     """Per-layer time, one-node throughput and memory cap of MODEL on NODE (DESIGN §2)."""
-    # lazy: the core (numpy) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy) loads when the command runs, not when `coral` starts
     from coral.perf import Phase, RooflinePerf, Shape, load_profile_csv, profile_from_helix
 
     cat = builtin_catalog()

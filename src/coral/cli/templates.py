@@ -51,7 +51,7 @@ def _placement_table(tmpl_dict: dict[str, Any], title: str) -> Table:
 def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_tokens: float, output_tokens: float,
                     solver: str, backend: str, batches: str, n_max: int, as_json: bool) -> None:
     """Solve one template: the best placement of MODEL on a node multiset under an SLO."""
-    # lazy: the core (numpy, numba) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.perf import Phase, RooflinePerf
     from coral.scenario.schema import PlannerEntry
     from coral.slo import Slo
@@ -107,7 +107,7 @@ def _node_multiset(nodes: str, model: str, n_max: int) -> tuple[tuple[Any, ...],
     Raises:
         CoralError: an unknown node, too many nodes, or a TP degree the model does not split into.
     """
-    # lazy: the core (numpy) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy) loads when the command runs, not when `coral` starts
     from coral.templates.library import check_multiset
 
     cat = builtin_catalog()
@@ -144,7 +144,7 @@ def _batch_grid(batches: str) -> tuple[int, ...]:
 
 def _ilp_solver(backend: str) -> Any:
     """`solve_multiset`'s `solver`: the placement ILP on `backend`, kept only when it beats `floor`."""
-    # lazy: the core (numpy, the ILP backends) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, the ILP backends) loads when the command runs, not when `coral` starts
     from coral.solver import SolveOptions
     from coral.templates.ilp import solve_placement_ilp
 
@@ -177,7 +177,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
                     rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
     """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
-    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, specs_for
 
@@ -225,7 +225,7 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
 def templates_show(scenario_name: str, model: str | None, phase: str | None, region: str | None, top: int,
                    n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
     """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
-    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.perf import Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
@@ -274,7 +274,7 @@ def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, 
                      jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
     """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
     and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
-    # lazy: the core (numpy, pydantic, yaml) loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.motivation import motivation
 
     check_output_path(out, "--out", folder=True)
