@@ -5,7 +5,7 @@ NCCL on 2, 4 and 8 GPUs of one node per system. This tool reads only those measu
 none of the package's code is used or copied) and writes the 16-bit all-reduce rows of the
 folder each system's own YAML names (`misc.nccl_version`) as `gpu,gpus,bytes,us,source`:
 
-- `gpu`: aiconfigurator's system name (`l40s`, `h100_sxm`, ...); `coral.perf.calibrate` maps it
+- `gpu`: aiconfigurator's system name (`l40s`, `h100_sxm`, ...); `coral.perf.collectives` maps it
   to a Coral GPU type;
 - `bytes`: the message size in bytes. The tables count elements (`message_size`), so bytes =
   2 x elements for `half`; the `int8` rows at twice the element count take the same time, which

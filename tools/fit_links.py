@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from coral.catalog import builtin_catalog
-from coral.perf.calibrate import AIC_FILE, link_table, render_interconnects
+from coral.perf.calibrate import link_table, render_interconnects
+from coral.perf.collectives import AIC_FILE
 from coral.workload.datasets import builtin_data_dir
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "coral" / "catalog" / "data" / "interconnects.csv"

@@ -350,42 +350,10 @@ def _solve_highs(model: MilpModel, options: SolveOptions,
     # lazy: solver backend (only the one asked for)
     import highspy
 
-    if options.verbose:
-        h = highspy.Highs()
-    else:
-        with _quiet_stdout():  # the constructor prints a banner before any option can be set
-            h = highspy.Highs()
-    h.setOptionValue("output_flag", bool(options.verbose))
-    h.setOptionValue("time_limit", float(options.time_limit_s))
-    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
-    h.setOptionValue("mip_abs_gap", 0.0)
-    h.setOptionValue("random_seed", int(options.seed))
-    if options.threads is not None:
-        h.setOptionValue("threads", int(options.threads))
-
-    inf = highspy.kHighsInf
-    lp = highspy.HighsLp()
-    lp.num_col_ = model.num_cols
-    lp.num_row_ = model.num_rows
-    lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else highspy.ObjSense.kMinimize
-    lp.offset_ = float(model.offset)
-    lp.col_cost_ = model.c.astype(np.float64)
-    lp.col_lower_ = np.where(np.isinf(model.col_lower), -inf, model.col_lower)
-    lp.col_upper_ = np.where(np.isinf(model.col_upper), inf, model.col_upper)
-    lp.row_lower_ = np.where(np.isinf(model.row_lower), -inf, model.row_lower)
-    lp.row_upper_ = np.where(np.isinf(model.row_upper), inf, model.row_upper)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.num_col_ = model.num_cols
-    lp.a_matrix_.num_row_ = model.num_rows
-    lp.a_matrix_.start_ = model.A.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = model.A.indices.astype(np.int32)
-    lp.a_matrix_.value_ = model.A.data.astype(np.float64)
+    h = _highs_instance(highspy, options)
     is_mip = bool(model.integrality.any())
     duals = None
-    if is_mip:
-        kint, kcont = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
-        lp.integrality_ = [kint if flag else kcont for flag in model.integrality]
-    status = h.passModel(lp)
+    status = h.passModel(_highs_lp(highspy, model, is_mip))
     if status == highspy.HighsStatus.kError:
         return (Status.ERROR, math.nan, math.nan, None, "HiGHS rejected the model", {}), None
     if start is not None:
@@ -412,25 +380,71 @@ def _solve_highs(model: MilpModel, options: SolveOptions,
         if ms == highspy.HighsModelStatus.kOptimal and info.dual_solution_status == 2:
             duals = np.array(h.getSolution().col_dual, dtype=float)
             duals.setflags(write=False)
-    M = highspy.HighsModelStatus
-    text = h.modelStatusToString(ms)
-    if ms == M.kOptimal:
-        st = Status.OPTIMAL
-    elif ms == M.kInfeasible:
-        st, x, obj = Status.INFEASIBLE, None, math.nan
-    elif ms == M.kTimeLimit:
-        st = Status.TIME_LIMIT
-    elif ms == M.kModelEmpty:
-        # No rows and no columns: the objective is the offset.
-        st, x, obj, bound = Status.OPTIMAL, np.zeros(model.num_cols), float(model.offset), float(model.offset)
-    elif has_x and ms in (M.kIterationLimit, M.kSolutionLimit, M.kInterrupt, M.kObjectiveBound,
-                          M.kObjectiveTarget, M.kMemoryLimit):
-        st = Status.FEASIBLE
-    else:
-        st, x = Status.ERROR, None
+    st, x, obj, bound = _highs_status(highspy.HighsModelStatus, ms, model, has_x, x, obj, bound)
     if not is_mip and st is not Status.OPTIMAL:
         bound = math.nan
+    text = h.modelStatusToString(ms)
     return (st, obj, bound, x, text, stats), (duals if not is_mip and st is Status.OPTIMAL else None)
+
+
+def _highs_instance(highspy: Any, options: SolveOptions) -> Any:
+    """A `highspy.Highs` with the options set (its start-up banner silenced unless verbose)."""
+    if options.verbose:
+        h = highspy.Highs()
+    else:
+        with _quiet_stdout():  # the constructor prints a banner before any option can be set
+            h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.verbose))
+    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
+    h.setOptionValue("mip_abs_gap", 0.0)
+    h.setOptionValue("random_seed", int(options.seed))
+    if options.threads is not None:
+        h.setOptionValue("threads", int(options.threads))
+    return h
+
+
+def _highs_lp(highspy: Any, model: MilpModel, is_mip: bool) -> Any:
+    """`model` as a `highspy.HighsLp` (row-wise matrix; infinite bounds as HiGHS's infinity)."""
+    inf = highspy.kHighsInf
+    lp = highspy.HighsLp()
+    lp.num_col_ = model.num_cols
+    lp.num_row_ = model.num_rows
+    lp.sense_ = highspy.ObjSense.kMaximize if model.sense == "max" else highspy.ObjSense.kMinimize
+    lp.offset_ = float(model.offset)
+    lp.col_cost_ = model.c.astype(np.float64)
+    lp.col_lower_ = np.where(np.isinf(model.col_lower), -inf, model.col_lower)
+    lp.col_upper_ = np.where(np.isinf(model.col_upper), inf, model.col_upper)
+    lp.row_lower_ = np.where(np.isinf(model.row_lower), -inf, model.row_lower)
+    lp.row_upper_ = np.where(np.isinf(model.row_upper), inf, model.row_upper)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.num_col_ = model.num_cols
+    lp.a_matrix_.num_row_ = model.num_rows
+    lp.a_matrix_.start_ = model.A.indptr.astype(np.int32)
+    lp.a_matrix_.index_ = model.A.indices.astype(np.int32)
+    lp.a_matrix_.value_ = model.A.data.astype(np.float64)
+    if is_mip:
+        kint, kcont = highspy.HighsVarType.kInteger, highspy.HighsVarType.kContinuous
+        lp.integrality_ = [kint if flag else kcont for flag in model.integrality]
+    return lp
+
+
+def _highs_status(M: Any, ms: Any, model: MilpModel, has_x: bool, x: np.ndarray | None, obj: float,
+                  bound: float) -> tuple[Status, np.ndarray | None, float, float]:
+    """HiGHS's model status `ms` (of enum `M`) as a `Status`, with the solution, objective and bound it leaves."""
+    if ms == M.kOptimal:
+        return Status.OPTIMAL, x, obj, bound
+    if ms == M.kInfeasible:
+        return Status.INFEASIBLE, None, math.nan, bound
+    if ms == M.kTimeLimit:
+        return Status.TIME_LIMIT, x, obj, bound
+    if ms == M.kModelEmpty:
+        # No rows and no columns: the objective is the offset.
+        return Status.OPTIMAL, np.zeros(model.num_cols), float(model.offset), float(model.offset)
+    if has_x and ms in (M.kIterationLimit, M.kSolutionLimit, M.kInterrupt, M.kObjectiveBound,
+                        M.kObjectiveTarget, M.kMemoryLimit):
+        return Status.FEASIBLE, x, obj, bound
+    return Status.ERROR, None, obj, bound
 
 
 # -- CP-SAT ----------------------------------------------------------------------------------

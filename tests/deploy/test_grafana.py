@@ -46,15 +46,15 @@ def _server_metrics() -> str:
     """/metrics of a real front end (an in-process coordinator, no-op instances) after a request."""
     pytest.importorskip("fastapi")
     from coral.runtime.serving.app import ServerOptions
+    from tests.runtime.api_server import AUTH, start_api, stop_api
     from tests.runtime.conftest import http
-    from tests.runtime.test_http import AUTH, _start, _stop
 
-    a = _start(ServerOptions(api_key="sekret"))
+    a = start_api(ServerOptions(api_key="sekret"))
     try:
         assert 200 == http("POST", a.url + "/v1/completions", {"model": "a", "prompt": [5], "max_tokens": 3}, headers=AUTH)[0]
         return http("GET", a.url + "/metrics")[1]
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_every_query_names_a_metric_the_server_exports() -> None:

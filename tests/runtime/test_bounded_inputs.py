@@ -20,8 +20,8 @@ from coral.runtime.serving.app import ApiServer, ServerOptions
 from coral.runtime.serving.coordinator import Coordinator, ModelInfo
 from coral.runtime.transport import InprocHub, InprocTransport
 
+from .api_server import AUTH, raw_request, start_api, stop_api
 from .conftest import http, sse, wait_until
-from .test_http import AUTH, _raw, _start, _stop
 
 
 def _head(path: str, length: int, *, key: str | None = "sekret", expect: bool = False) -> bytes:
@@ -35,7 +35,7 @@ def _head(path: str, length: int, *, key: str | None = "sekret", expect: bool = 
 
 def test_a_body_trickled_byte_by_byte_gets_408_at_the_whole_body_deadline() -> None:
     # each read is quick (one byte every 0.1 s, far inside body_timeout_s), the whole body is not
-    a = _start(ServerOptions(api_key="sekret", body_timeout_s=30, body_deadline_s=1.0))
+    a = start_api(ServerOptions(api_key="sekret", body_timeout_s=30, body_deadline_s=1.0))
     try:
         s = socket.create_connection((a.server.host, a.server.port), timeout=10)
         s.sendall(_head("/v1/completions", 1000))
@@ -58,11 +58,11 @@ def test_a_body_trickled_byte_by_byte_gets_408_at_the_whole_body_deadline() -> N
         assert 0.9 < took < 5.0, took
         assert wait_until(lambda: a.server.connections == 0, 5)
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_a_client_leaving_mid_body_is_a_debug_line_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    a = _start(ServerOptions(api_key="sekret"))
+    a = start_api(ServerOptions(api_key="sekret"))
     try:
         with caplog.at_level(logging.DEBUG):
             for _ in range(5):
@@ -76,11 +76,11 @@ def test_a_client_leaving_mid_body_is_a_debug_line_not_a_traceback(caplog: pytes
         assert [] == [r for r in caplog.records if r.levelno >= logging.ERROR or "Traceback" in r.getMessage()]
         assert [] == [r for r in caplog.records if "Exception in ASGI application" in r.getMessage()]
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_a_hundred_thousand_unknown_fields_log_one_short_line(caplog: pytest.LogCaptureFixture) -> None:
-    a = _start(ServerOptions(api_key="sekret"))
+    a = start_api(ServerOptions(api_key="sekret"))
     try:
         body = {"model": "a", "prompt": [5], "max_tokens": 2, **{f"k{i}": 0 for i in range(100_000)}}
         chat = {"model": "long", "max_tokens": 2, "messages": [{"role": "user", "content": "hi", f"x{i}": 1} for i in range(1000)]}
@@ -93,16 +93,16 @@ def test_a_hundred_thousand_unknown_fields_log_one_short_line(caplog: pytest.Log
             "1000 field(s) present in the request but ignored: ['x0', 'x1', 'x2', 'x3', 'x4'] and 995 more",
         ] == lines  # one line per request, whatever the body holds
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_expect_100_continue_is_answered_only_after_the_key_is_checked() -> None:
-    a = _start(ServerOptions(api_key="sekret"))
+    a = start_api(ServerOptions(api_key="sekret"))
     try:
         host, port = a.server.host, a.server.port
         body = json.dumps({"model": "a", "prompt": [5], "max_tokens": 2}).encode()
         # a wrong key: the final 401 at once, no "100 Continue" that would invite the body
-        got = _raw(host, port, _head("/v1/completions", len(body), key="wrong", expect=True), wait_s=2.0)
+        got = raw_request(host, port, _head("/v1/completions", len(body), key="wrong", expect=True), wait_s=2.0)
         assert got.startswith(b"HTTP/1.1 401"), got
         assert b"HTTP/1.1 100" not in got and b"connection: close" in got.lower()
         # the right key: 100 Continue, then the body, then the answer
@@ -116,11 +116,11 @@ def test_expect_100_continue_is_answered_only_after_the_key_is_checked() -> None
         s.close()
         assert answer.startswith(b"HTTP/1.1 200"), answer
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_a_draining_server_refuses_new_requests_and_finishes_its_streams() -> None:
-    a = _start(ServerOptions(api_key="sekret"))
+    a = start_api(ServerOptions(api_key="sekret"))
     try:
         streams: list[list] = []
 
@@ -139,7 +139,7 @@ def test_a_draining_server_refuses_new_requests_and_finishes_its_streams() -> No
         s, body = http("POST", a.url + "/v1/completions", {"model": "a", "prompt": [5], "max_tokens": 2}, headers=AUTH)
         assert 503 == s and "shutting_down" == body["error"]["code"]
         assert 503 == http("GET", a.url + "/health")[0] and "draining" == http("GET", a.url + "/health")[1]["status"]
-        hdr = _raw(a.server.host, a.server.port, _head("/v1/completions", 2) + b"{}")
+        hdr = raw_request(a.server.host, a.server.port, _head("/v1/completions", 2) + b"{}")
         assert b"retry-after: 5" in hdr.lower()
         drainer.join(timeout=40)
         for t in clients:
@@ -148,7 +148,7 @@ def test_a_draining_server_refuses_new_requests_and_finishes_its_streams() -> No
         assert 4 == len(streams) and all(ev[-1][1] == "[DONE]" and ev[-2][1]["choices"][0]["finish_reason"] == "length" for ev in streams)
         assert all(400 == sum(len(e["choices"][0]["token_ids"]) for _t, e in ev[:-1]) for ev in streams)
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def sse_auth(url: str, body: dict) -> list:

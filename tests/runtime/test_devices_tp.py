@@ -126,14 +126,14 @@ def test_a_cluster_file_with_a_refused_tp_exits_2_in_one_line(tmp_path) -> None:
 def test_cuda_bf16_batched_pass_matches_generate_on_the_device() -> None:
     from coral.runtime.engine.model import ShardSpec, load_shard
 
-    from .test_engine_batched import _hf
+    from .test_engine_batched import hf_model
 
     cfg = BUILTIN_CONFIGS["tiny-llama"]
     shard = load_shard(ShardSpec(config=cfg, layer_start=0, layer_end=6, seed=7, device="cuda:0", dtype="bfloat16"))
     kv = shard.new_kv_cache(max_tokens_wanted=4096)
     assert kv.keys[0].is_cuda and torch.bfloat16 == kv.keys[0].dtype
     prompts = PROMPTS[:3]
-    model = _hf(cfg, 7).to("cuda:0", torch.bfloat16)
+    model = hf_model(cfg, 7).to("cuda:0", torch.bfloat16)
     want = [model.generate(torch.tensor([p], device="cuda:0"), max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)[0].tolist()[len(p):] for p in prompts]
     pos, pending, got = [0] * 3, [list(p) for p in prompts], [[] for _ in prompts]
     for _ in range(6):

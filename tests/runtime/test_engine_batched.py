@@ -28,7 +28,8 @@ SLIDING_QWEN3 = {
 }  # fmt: skip
 
 
-def _hf(config: dict, seed: int) -> AutoModelForCausalLM:
+def hf_model(config: dict, seed: int) -> AutoModelForCausalLM:
+    """The Hugging Face model of `config` with the seeded weights the engine builds for `seed`."""
     model = AutoModelForCausalLM.from_config(make_config(config))
     model.load_state_dict(seeded_state_dict(config, seed))
     return model.eval()
@@ -75,7 +76,7 @@ def test_batched_pass_equals_generate(arch: str) -> None:
     prompts = PROMPTS + [[11, 12, 13, 14, 15, 16, 17, 18, 19]]
     want = reference(cfg, 7, prompts, 10)
     got = _batched_chain(cfg, 7, prompts, 10)
-    model = _hf(cfg, 7)
+    model = hf_model(cfg, 7)
     ties = 0
     for p, w, g in zip(prompts, want, got, strict=True):
         k = next((j for j, (a, b) in enumerate(zip(w, g, strict=True)) if a != b), None)
@@ -282,7 +283,7 @@ def test_cancelled_in_flight_requests_leave_no_kv_behind(threads: list) -> None:
 
 def _reference_sampled(config: dict, seed: int, prompt: list[int], params: SamplingParams, n: int) -> list[tuple[int, float]]:
     """Step-by-step HF logits through the same sampler, with the sequence as the history."""
-    model = _hf(config, seed)
+    model = hf_model(config, seed)
     out: list[tuple[int, float]] = []
     for step in range(n):
         seq = prompt + [t for t, _ in out]

@@ -13,68 +13,21 @@ import socket
 import time
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
-from coral.runtime.engine.inproc import InprocInstance, start_inproc_instance
-from coral.runtime.serving.app import ApiServer, ServerOptions
-from coral.runtime.serving.coordinator import Coordinator, ModelInfo
+from coral.runtime.serving.app import ServerOptions
 from coral.runtime.serving.tokenizer import ByteTokenizer
-from coral.runtime.transport import InprocHub, InprocTransport
 
+from .api_server import AUTH, WEIRD, Api, noop_tokens, raw_request, start_api, stop_api
 from .conftest import http, wait_until
-
-WEIRD = 'we"ird\\name'
-
-
-@dataclass
-class Api:
-    url: str
-    coord: Coordinator
-    server: ApiServer
-    insts: list[InprocInstance]
-
-
-def _start(options: ServerOptions) -> Api:
-    hub = InprocHub()
-    coord = Coordinator(InprocTransport(hub, "coord"), [
-        ModelInfo(name="a", max_context=64, vocab_size=512, eos_ids=()),
-        ModelInfo(name="b", max_context=64, vocab_size=512, eos_ids=()),
-        ModelInfo(name="long", max_context=100_000, vocab_size=512, eos_ids=()),
-        ModelInfo(name=WEIRD, max_context=64, vocab_size=512),  # no instance: 503
-    ])  # fmt: skip
-    coord.start()
-    insts = [
-        start_inproc_instance(hub, "a1", config=None, stages=[(0, 2, 1), (2, 4, 1)], model="a", coordinator="coord"),
-        start_inproc_instance(hub, "b1", config=None, stages=[(0, 4, 1)], model="b", coordinator="coord"),
-        start_inproc_instance(hub, "l1", config=None, stages=[(0, 4, 1)], model="long", coordinator="coord"),
-    ]
-    server = ApiServer(coord, options=options)
-    server.start()
-    assert wait_until(lambda: len(coord.instances) == 3, 10)
-    return Api(server.url, coord, server, insts)
-
-
-def _stop(api: Api) -> None:
-    api.server.stop()
-    api.coord.stop()
-    for i in api.insts:
-        i.stop()
 
 
 @pytest.fixture
 def api() -> Iterator[Api]:
-    a = _start(ServerOptions(api_key="sekret", token_timeout_s=10))
+    a = start_api(ServerOptions(api_key="sekret", token_timeout_s=10))
     yield a
-    _stop(a)
-
-
-AUTH = {"Authorization": "Bearer sekret"}
-
-
-def noop_tokens(prompt_len: int, n: int) -> list[int]:
-    return [3] + [3 + (prompt_len + 2 * k - 1) % 250 for k in range(1, n)]
+    stop_api(a)
 
 
 def test_completion_chat_and_models(api: Api) -> None:
@@ -209,26 +162,12 @@ def test_metrics_vllm_names_and_errors(api: Api) -> None:
 
 
 def test_metrics_can_require_the_key() -> None:
-    a = _start(ServerOptions(api_key="k", metrics_require_key=True))
+    a = start_api(ServerOptions(api_key="k", metrics_require_key=True))
     try:
         assert 401 == http("GET", a.url + "/metrics")[0]
         assert 200 == http("GET", a.url + "/metrics", headers={"Authorization": "Bearer k"})[0]
     finally:
-        _stop(a)
-
-
-def _raw(host: str, port: int, data: bytes, wait_s: float = 2.0) -> bytes:
-    """Send bytes on a fresh connection; return everything read until it closes or goes quiet."""
-    s = socket.create_connection((host, port), timeout=wait_s)
-    s.sendall(data)
-    out = b""
-    try:
-        while chunk := s.recv(65536):
-            out += chunk
-    except TimeoutError:
-        pass
-    s.close()
-    return out
+        stop_api(a)
 
 
 def test_a_body_is_never_parsed_as_a_request(api: Api) -> None:
@@ -238,12 +177,12 @@ def test_a_body_is_never_parsed_as_a_request(api: Api) -> None:
              b"Content-Length: " + str(len(inner_body)).encode() + b"\r\n\r\n" + inner_body)  # fmt: skip
     outer = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(inner)).encode() + b"\r\n\r\n" + inner
     follow = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-    got = _raw(api.server.host, api.server.port, outer + follow, wait_s=1.0)
+    got = raw_request(api.server.host, api.server.port, outer + follow, wait_s=1.0)
     assert 2 == got.count(b"HTTP/1.1 "), got  # the 401, then the health check: nothing in between
     assert got.startswith(b"HTTP/1.1 401") and b"HTTP/1.1 503" in got  # health: WEIRD has no instance
     assert b"token_ids" not in got
     for path in ("/nowhere", "/v1/models/zzz"):  # 404s on a kept-alive connection too
-        got = _raw(api.server.host, api.server.port, outer.replace(b"/v1/completions", path.encode(), 1) + follow, wait_s=1.0)
+        got = raw_request(api.server.host, api.server.port, outer.replace(b"/v1/completions", path.encode(), 1) + follow, wait_s=1.0)
         assert 2 == got.count(b"HTTP/1.1 ") and b"token_ids" not in got, got
     s, text = http("GET", api.url + "/metrics")
     assert "vllm:request_success_total{" not in text  # the smuggled completion never ran
@@ -252,24 +191,24 @@ def test_a_body_is_never_parsed_as_a_request(api: Api) -> None:
 def test_conflicting_framing_is_refused_and_closed(api: Api) -> None:
     body = b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"
     req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + body
-    got = _raw(api.server.host, api.server.port, req, wait_s=1.0)
+    got = raw_request(api.server.host, api.server.port, req, wait_s=1.0)
     assert got.startswith(b"HTTP/1.1 400") and 1 == got.count(b"HTTP/1.1 "), got
 
 
 def test_body_over_the_limit_is_413_and_closed() -> None:
-    a = _start(ServerOptions(max_body_bytes=2048))
+    a = start_api(ServerOptions(max_body_bytes=2048))
     try:
         req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 5000\r\n\r\n" + b" " * 5000
-        got = _raw(a.server.host, a.server.port, req)
+        got = raw_request(a.server.host, a.server.port, req)
         assert got.startswith(b"HTTP/1.1 413") and b"connection: close" in got.lower()
         chunked = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + b"1000\r\n" + b" " * 4096 + b"\r\n0\r\n\r\n"
-        assert _raw(a.server.host, a.server.port, chunked).startswith(b"HTTP/1.1 413")  # no Content-Length: counted as it comes
+        assert raw_request(a.server.host, a.server.port, chunked).startswith(b"HTTP/1.1 413")  # no Content-Length: counted as it comes
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_idle_slow_header_and_slow_body_clients_are_cut_off() -> None:
-    a = _start(ServerOptions(idle_timeout_s=0.5, header_timeout_s=1.0, body_timeout_s=0.5))
+    a = start_api(ServerOptions(idle_timeout_s=0.5, header_timeout_s=1.0, body_timeout_s=0.5))
     try:
         host, port = a.server.host, a.server.port
         idle = socket.create_connection((host, port), timeout=5)
@@ -299,11 +238,11 @@ def test_idle_slow_header_and_slow_body_clients_are_cut_off() -> None:
                 slow.setblocking(True)
         slow.close()
         assert closed and time.monotonic() - t0 < 3.0
-        got = _raw(host, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mod", wait_s=3.0)
+        got = raw_request(host, port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"mod", wait_s=3.0)
         assert got.startswith(b"HTTP/1.1 408"), got
         assert wait_until(lambda: a.server.connections == 0, 3)  # all three are gone
     finally:
-        _stop(a)
+        stop_api(a)
 
 
 def test_client_disconnect_cancels_the_request_upstream(api: Api) -> None:

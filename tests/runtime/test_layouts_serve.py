@@ -17,13 +17,13 @@ from coral.runtime.deploy.mapping import cluster_from_plan_file
 
 from .conftest import http
 from .test_pipeline_inproc import reference
-from .test_serve_plan import _cluster
+from .test_serve_plan import phi_cluster
 from .test_skypilot_local import CONFIG
 
 
 def test_an_in_node_pipeline_and_decode_first_token_serve_generates_tokens(tmp_path: Path) -> None:
     _, plan = write_layout_plan(tmp_path, [PP4, DECODE], first_token="decode")
-    cluster = cluster_from_plan_file(parse_cluster(_cluster(40)), str(plan))
+    cluster = cluster_from_plan_file(parse_cluster(phi_cluster(40)), str(plan))
     assert "decode" == cluster.model("phi-4").first_token
     pre, dec = cluster.instances
     assert [((0,), ("4xL40S/tp1",))] * 4 == [(st.hosts, st.configs) for st in pre.stages]

@@ -16,7 +16,7 @@ import pytest
 
 from coral.runtime.serving.app import ServerOptions
 
-from .test_http import Api, _start, _stop, noop_tokens
+from .api_server import Api, noop_tokens, start_api, stop_api
 
 pytest.importorskip("openai")
 
@@ -25,9 +25,9 @@ TIE = {str(t): 30.0 for t in range(65, 71)}  # with the no-op token: 7 tokens at
 
 @pytest.fixture(scope="module")
 def api() -> Iterator[Api]:
-    a = _start(ServerOptions(api_key="sekret", token_timeout_s=20))
+    a = start_api(ServerOptions(api_key="sekret", token_timeout_s=20))
     yield a
-    _stop(a)
+    stop_api(a)
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ PHI = {
 }
 
 
-def _cluster(layers: int) -> dict:
+def phi_cluster(layers: int) -> dict:
+    """A CPU cluster file of the `layers`-layer tiny phi-4 stand-in, whose instances a plan replaces."""
     return {
         "coordinator": {"port": 0}, "device": "cpu",
         "models": [{"name": "phi-4", "hf_config": {**BUILTIN_CONFIGS["tiny-llama"], "num_hidden_layers": layers},
@@ -43,7 +44,7 @@ def test_serve_plan_starts_the_plans_instances_and_serves(tmp_path: Path) -> Non
     r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)])
     assert r.exit_code == 0, r.output
     data = json.loads(plan.read_text())
-    cluster = cluster_from_plan_file(parse_cluster(_cluster(40)), str(plan))
+    cluster = cluster_from_plan_file(parse_cluster(phi_cluster(40)), str(plan))
     assert sum(i["count"] for i in data["instances"]) == len(cluster.instances)
     dep = Deployment(cluster, http_port=0)
     dep.start(timeout_s=180)
@@ -65,7 +66,7 @@ def test_serve_plan_of_another_model_exits_2(tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
-    cfg.write_text(yaml.safe_dump(_cluster(6)))
+    cfg.write_text(yaml.safe_dump(phi_cluster(6)))
     r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan)])
     assert 2 == r.exit_code
     assert "40 layers in the plan but 6" in " ".join(r.output.split())
@@ -110,7 +111,7 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
     plan = tmp_path / "plan.json"
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
     pf = load_plan_file(plan)
-    cluster = cluster_from_plan(parse_cluster(_cluster(40)), pf)
+    cluster = cluster_from_plan(parse_cluster(phi_cluster(40)), pf)
     assert len(cluster.instances) > 2
     planner = PlanPlanner.from_plan(pf, {m.name: m for m in cluster.models})
     dep = Deployment(cluster, http_port=0, planner=planner, dry_run=True)
@@ -154,7 +155,7 @@ def test_serve_refuses_a_plan_of_another_version_or_scenario_and_remote_without_
     plan = tmp_path / "plan.json"
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
-    cfg.write_text(yaml.safe_dump(_cluster(40)))
+    cfg.write_text(yaml.safe_dump(phi_cluster(40)))
     ready = tmp_path / "ready.txt"
     old = json.loads(plan.read_text())
     old["plan_version"] = 1

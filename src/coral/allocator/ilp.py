@@ -66,7 +66,8 @@ def prev_counts(inputs: AllocationInputs, cols: Columns,
 
 def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, mode: Mode = "cost",
               alpha: float = 1.0) -> Formulation:
-    """Build the allocation MILP.
+    """Build the allocation MILP. One function on purpose (longer than 80 lines): it builds the
+    constraint families below in order, each block labelled `# (C#)` to match this list.
 
     Sets:
         regions `r`, configurations `c`, groups `g = (m, φ)` with demand > 0, candidate columns

@@ -9,6 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
+from coral.catalog import builtin_catalog
+from coral.catalog.catalog import builtin_links
 from coral.cli.common import console, emit_json, json_opt
 
 
@@ -27,10 +29,9 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     fitted to layers rebuilt from measured vLLM kernels (aiconfigurator) with their held-out
     models and the gpt-oss MoE check. `python tools/fit_links.py` and `python
     tools/fit_kernels.py` rewrite / check the shipped all-reduce rows and kernel efficiencies."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_catalog
-    from coral.catalog.catalog import builtin_links
-    from coral.perf.calibrate import AIC_FILE, calibration_report
+    # lazy: the fits (numpy, scipy) load when the command runs, not when `coral` starts
+    from coral.perf.calibrate import calibration_report
+    from coral.perf.collectives import AIC_FILE
     from coral.workload_data import public_data_path
 
     folder = profiles or str(public_data_path("profiles/helix_llama2_70b", data_dir))
@@ -39,23 +40,38 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     rep = calibration_report(folder, vidur, builtin_catalog(), nccl)
     kernels = None
     if profiles is None or data_dir is not None:
-        # lazy: the kernel tables' fit loads only when they are read
+        # lazy: the kernel tables' fit (numpy, scipy) loads only when they are read
         from coral.perf.kernels import KERNELS_DIR, kernel_report
 
         kernels = kernel_report(public_data_path(f"profiles/{KERNELS_DIR}", data_dir), builtin_catalog())
-    summary, tp = rep.layer_summary, rep.speedup_summary
     if as_json:
-        return emit_json({
-            "fitted": {k: asdict(v) for k, v in rep.fitted.items()}, "summary": summary,
-            "pcie": {str(n): asdict(f) for n, f in rep.pcie.items()},
-            "tp_speedups": [{**asdict(r), "error": r.error, "loo_error": r.loo_error} for r in rep.speedups],
-            "tp_summary": tp,
-            "links": [{**asdict(f), **e} for f, e in rep.links],
-            "helix_heldout": [{**asdict(r), "error": r.error} for r in rep.helix_heldout],
-            "allreduce_vidur_heldout": [{**asdict(f), **e} for f, e in rep.allreduce],
-            "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
-            "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows],
-            **({} if kernels is None else {"kernels": _kernels_json(kernels)})})
+        return emit_json(_report_json(rep, kernels))
+    _print_layers(rep, all_points)
+    _print_speedups(rep)
+    _print_links(rep)
+    if rep.allreduce:
+        _print_vidur(rep)
+    if kernels is not None:
+        _print_kernels(kernels)
+
+
+def _report_json(rep: Any, kernels: Any) -> dict[str, Any]:
+    """The `--json` document of a `CalibrationReport` (and the kernel fit, when it was read)."""
+    return {
+        "fitted": {k: asdict(v) for k, v in rep.fitted.items()}, "summary": rep.layer_summary,
+        "pcie": {str(n): asdict(f) for n, f in rep.pcie.items()},
+        "tp_speedups": [{**asdict(r), "error": r.error, "loo_error": r.loo_error} for r in rep.speedups],
+        "tp_summary": rep.speedup_summary,
+        "links": [{**asdict(f), **e} for f, e in rep.links],
+        "helix_heldout": [{**asdict(r), "error": r.error} for r in rep.helix_heldout],
+        "allreduce_vidur_heldout": [{**asdict(f), **e} for f, e in rep.allreduce],
+        "gemm": {g: {"eta_f": v[0], "eta_b": v[1], "median_abs_error": v[2], "points": v[3]} for g, v in rep.gemm.items()},
+        "sends": rep.sends, "points": [asdict(r) for r in rep.layer_rows],
+        **({} if kernels is None else {"kernels": _kernels_json(kernels)})}
+
+
+def _print_layers(rep: Any, all_points: bool) -> None:
+    """The fitted single-GPU efficiencies and the per-layer errors (per node and phase, or every point)."""
     t = Table(title="Fitted single-GPU efficiencies (η_F prefill, η_F decode, η_B, per-layer overhead)")
     for col in ("GPU", "η_F", "η_F decode", "η_B", "overhead µs"):
         t.add_column(col)
@@ -79,10 +95,15 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
                       f"{fmean(r.predicted_ms for r in rs):.2f} (mean)", f"{fmean(abs(r.error) for r in rs):.1%} (MAE)",
                       f"{fmean(abs(r.loo_error) for r in rs):.1%} (MAE)")
     console.print(t)
+    summary = rep.layer_summary
     console.print(f"single GPU: median |error| {summary['single_gpu_median_abs_error']:.1%} over "
                   f"{summary['single_gpu_points']:.0f} points (leave-one-GPU-out {summary['single_gpu_loo_median_abs_error']:.1%}); "
                   f"all nodes: median {summary['median_abs_error']:.1%}, p90 {summary['p90_abs_error']:.1%} over "
                   f"{summary['counted_points']:.0f} points")
+
+
+def _print_speedups(rep: Any) -> None:
+    """The tensor-parallel speedups and the Helix points with the L40S link held out."""
     t = Table(title="Tensor-parallel speedup T(1 GPU)/T(n GPUs) (leave-one-out: PCIe without that node; NVLink: another GPU count's all-reduce fit)")
     for col in ("source", "node", "phase", "tokens", "measured", "predicted", "error", "leave-one-out error"):
         t.add_column(col, justify="right")
@@ -90,6 +111,7 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
         t.add_row(sp.source, sp.config, sp.phase, str(sp.tokens), f"{sp.measured:.2f}", f"{sp.predicted:.2f}",
                   f"{sp.error:+.1%}", f"{sp.loo_error:+.1%}")
     console.print(t)
+    tp = rep.speedup_summary
     console.print(f"TP speedup: median |error| {tp['median_abs_error']:.1%}, worst {tp['worst_abs_error']:.1%} over "
                   f"{tp['points']:.0f} points (target <= 10 % / 20 %); leave-one-out median {tp['loo_median_abs_error']:.1%}, "
                   f"worst {tp['loo_worst_abs_error']:.1%}")
@@ -99,6 +121,10 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
     for sp in rep.helix_heldout:
         t.add_row(sp.config, sp.phase, str(sp.tokens), f"{sp.measured:.2f}", f"{sp.predicted:.2f}", f"{sp.error:+.1%}")
     console.print(t)
+
+
+def _print_links(rep: Any) -> None:
+    """The pcie-helix fit and the NCCL fits to aiconfigurator's all-reduce."""
     t = Table(title="pcie-helix all-reduce fitted to Helix's multi-GPU nodes (shipped: interconnects.csv)")
     for col in ("GPUs", "latency µs", "bus GB/s", "from"):
         t.add_column(col)
@@ -114,31 +140,32 @@ def calibrate_cmd(profiles: str | None, data_dir: str | None, all_points: bool, 
                       f"{fit.bus_gb_per_s:g}", f"{fit.size_exponent:.3f}", f"{errs['median_binned_abs_error']:.1%}",
                       f"{errs['worst_binned_abs_error']:.1%}")
         console.print(t)
-    if rep.allreduce:
-        t = Table(title="Held out: the shipped NCCL fit against Vidur's DGX all-reduce (Vidur's own fit for comparison)")
-        for col in ("link", "GPUs", "Vidur bus GB/s @32MiB", "shipped bus GB/s", "worst |error| 1-64 MiB",
-                    "worst |error| 8-64 MiB"):
-            t.add_column(col, justify="right")
-        for fit, errs in rep.allreduce:
-            ship = f"{builtin_links()[(fit.interconnect, fit.gpus)].bus_gb_per_s:g}"
-            t.add_row(fit.interconnect, str(fit.gpus), f"{fit.bus_gb_per_s:.1f}", ship,
-                      f"{errs['worst_binned_abs_error']:.1%}", f"{errs['heldout_worst_binned_abs_error']:.1%}")
-        console.print(t)
-        t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
-        for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
-            t.add_column(col)
-        for g, (ef, eb, err, n_pts) in rep.gemm.items():
-            t.add_row(g, str(n_pts), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
-        console.print(t)
-        t = Table(title="Pipeline send: Vidur cross-node send_recv (one GPU per node) vs the model's inter-stage send")
-        for col in ("node", "MiB", "measured ms", "measured GB/s", "model ms (8-GPU AWS node network)"):
-            t.add_column(col, justify="right")
-        for row in rep.sends:
-            t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
-                      f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
-        console.print(t)
-    if kernels is not None:
-        _print_kernels(kernels)
+
+
+def _print_vidur(rep: Any) -> None:
+    """Vidur's held-out checks: DGX all-reduce, GEMM timings and pipeline sends."""
+    t = Table(title="Held out: the shipped NCCL fit against Vidur's DGX all-reduce (Vidur's own fit for comparison)")
+    for col in ("link", "GPUs", "Vidur bus GB/s @32MiB", "shipped bus GB/s", "worst |error| 1-64 MiB",
+                "worst |error| 8-64 MiB"):
+        t.add_column(col, justify="right")
+    for fit, errs in rep.allreduce:
+        ship = f"{builtin_links()[(fit.interconnect, fit.gpus)].bus_gb_per_s:g}"
+        t.add_row(fit.interconnect, str(fit.gpus), f"{fit.bus_gb_per_s:.1f}", ship,
+                  f"{errs['worst_binned_abs_error']:.1%}", f"{errs['heldout_worst_binned_abs_error']:.1%}")
+    console.print(t)
+    t = Table(title="Vidur per-operator GEMM timings (a layer's four projections, TP 1-8)")
+    for col in ("GPU", "points", "η_F", "η_B", "median |error|"):
+        t.add_column(col)
+    for g, (ef, eb, err, n_pts) in rep.gemm.items():
+        t.add_row(g, str(n_pts), f"{ef:.3f}", f"{eb:.3f}", f"{err:.1%}")
+    console.print(t)
+    t = Table(title="Pipeline send: Vidur cross-node send_recv (one GPU per node) vs the model's inter-stage send")
+    for col in ("node", "MiB", "measured ms", "measured GB/s", "model ms (8-GPU AWS node network)"):
+        t.add_column(col, justify="right")
+    for row in rep.sends:
+        t.add_row(row["node"], f"{row['size_mib']:g}", f"{row['measured_ms']:.3f}", f"{row['measured_gb_per_s']:.1f}",
+                  f"{row['model_ms']:.3f} ({row['node_network_gbps']:g} Gbps)")
+    console.print(t)
 
 
 def _kernels_json(rep: Any) -> dict[str, Any]:

@@ -7,6 +7,13 @@ from typing import Any
 import click
 from rich.table import Table
 
+from coral.catalog import (
+    builtin_catalog,
+    builtin_model,
+    builtin_model_names,
+    load_hf_config,
+    load_prices_csv,
+)
 from coral.cli.common import console, emit_json, json_opt
 from coral.cli_support import CoralGroup
 
@@ -17,9 +24,6 @@ def catalog() -> None:
 
 
 def _catalog(prices: str | None) -> Any:
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_catalog, load_prices_csv
-
     cat = builtin_catalog()
     return load_prices_csv(prices, cat) if prices else cat
 
@@ -96,9 +100,6 @@ def catalog_prices(region: str | None, prices: str | None, as_json: bool) -> Non
 @json_opt
 def catalog_models(config_json: str | None, as_json: bool) -> None:
     """Built-in model specs and their derived sizes (or one config.json of yours)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_model, builtin_model_names, load_hf_config
-
     specs = [load_hf_config(config_json)] if config_json else [builtin_model(n) for n in builtin_model_names()]
     rows: list[dict[str, Any]] = [{"name": m.name, "architecture": m.architecture, "layers": m.num_layers, "total_params_b": m.total_params / 1e9,
              "active_params_b": m.active_params / 1e9, "weights_gib": m.weights_bytes / 2**30,

@@ -61,7 +61,7 @@ nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
 def prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
                            cache_dir: str | None, quiet: bool, n_max: int | None = None,
                            overrides: Any = None) -> Any:
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.pipeline import prepare, scaled_scenario
 
     scenario = scaled_scenario(scenario_name, demand_scale, overrides)
@@ -80,7 +80,7 @@ def prepare_with_progress(scenario_name: str, demand_scale: float, availability:
                         cache_dir=Path(cache_dir) if cache_dir else None, step=step)
         # the capacity targets replay each model's traffic sample (seconds per model at a large
         # demand; kept in memory and on disk for the plan that follows)
-        # lazy: the core loads only when the command runs (`coral --help` stays quick)
+        # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
         from coral.allocator.demand import capacity_targets
 
         task = bar.add_task("capacity targets (replaying each model's traffic)", total=len(scenario.models))

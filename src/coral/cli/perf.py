@@ -7,6 +7,7 @@ from typing import Any
 import click
 from rich.table import Table
 
+from coral.catalog import builtin_catalog, resolve_model_spec
 from coral.cli.common import console, emit_json, json_opt
 
 
@@ -26,8 +27,7 @@ from coral.cli.common import console, emit_json, json_opt
 def perf_cmd(model: str, node: str, phase: str, batch: int, prompt_tokens: float, output_tokens: float,
              stages: int, profile: str | None, as_json: bool) -> None:
     """Per-layer time, one-node throughput and memory cap of MODEL on NODE (DESIGN §2)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_catalog, resolve_model_spec
+    # lazy: the core (numpy) loads when the command runs, not when `coral` starts
     from coral.perf import Phase, RooflinePerf, Shape, load_profile_csv, profile_from_helix
 
     cat = builtin_catalog()

@@ -20,7 +20,7 @@ def scenario() -> None:
 @scenario.command("list")
 def scenario_list() -> None:
     """Built-in scenario names."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.scenario import builtin_scenario_names, load_scenario
 
     for name in builtin_scenario_names():
@@ -28,7 +28,7 @@ def scenario_list() -> None:
 
 
 def scenario_summary(s: Any) -> dict[str, Any]:
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.allocator.demand import capacity_targets, offered_demand
     from coral.perf import Phase
 
@@ -94,7 +94,7 @@ def _print_spot(s: Any, data: dict[str, Any]) -> None:
 @json_opt
 def scenario_show(scenario_name: str, as_json: bool) -> None:
     """Print SCENARIO (built-in name or YAML path) resolved: specs, demand, prices, availability."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.scenario import load_scenario
 
     s = load_scenario(scenario_name)
@@ -137,7 +137,7 @@ def scenario_show(scenario_name: str, as_json: bool) -> None:
 def scenario_init(path: str) -> None:
     """Write a commented starter scenario to PATH (never overwrites); edit it, then
     `coral scenario show PATH`. Every field is listed in docs/scenarios.md."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.scenario.starter import STARTER_YAML
 
     p = check_output_path(path, "PATH", folder=False)

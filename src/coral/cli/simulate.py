@@ -53,7 +53,7 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
                  n_max: int | None, out: str | None, as_json: bool) -> None:
     """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
     re-planning every epoch."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.pipeline import run_simulation
 
     if out:

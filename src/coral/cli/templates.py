@@ -10,6 +10,8 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coral.cache import default_cache_dir
+from coral.catalog import builtin_catalog, resolve_model_spec
 from coral.cli.common import console, emit_json, json_opt, scenario_opt
 from coral.cli_support import CoralGroup, check_output_path, err_console, progress_display
 from coral.errors import CoralError, unknown
@@ -49,14 +51,12 @@ def _placement_table(tmpl_dict: dict[str, Any], title: str) -> Table:
 def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_tokens: float, output_tokens: float,
                     solver: str, backend: str, batches: str, n_max: int, as_json: bool) -> None:
     """Solve one template: the best placement of MODEL on a node multiset under an SLO."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_catalog, resolve_model_spec
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.perf import Phase, RooflinePerf
     from coral.scenario.schema import PlannerEntry
     from coral.slo import Slo
     from coral.templates.budget import latency_budget_ms
     from coral.templates.library import (
-        check_multiset,
         infeasible_reason,
         single_template_spec,
         solve_multiset,
@@ -65,26 +65,8 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
     )
     from coral.templates.template import Template
 
-    cat = builtin_catalog()
-    names = [n.strip() for n in nodes.split(",") if n.strip()]
-    check_multiset(names, n_max)
-    configs = tuple({c.name: c for c in (cat.config(n) for n in names)}.values())
-    names = sorted(cat.config(n).name for n in names)
-    spec = resolve_model_spec(model)
-    for c in configs:  # each entry runs TP over its GPUs: the degree must be one vLLM accepts
-        if spec.tp_problem(c.count) is not None:
-            valid = spec.valid_tp(c.count if c.is_group else c.count)
-            try:
-                spec.check_tp(c.count, c.node_count or c.count)
-            except CoralError as exc:
-                raise CoralError(f"--nodes {c.name}: {exc}; give the node's TP groups instead, e.g. "
-                                 f"{c.node_name}/tp{max(valid)}") from None
-    try:
-        grid = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
-    except ValueError:
-        raise CoralError(f"--batches must be comma-separated integers, got {batches!r}") from None
-    if not grid or grid[0] < 1:
-        raise CoralError("--batches must list integers >= 1")
+    configs, names, spec = _node_multiset(nodes, model, n_max)
+    grid = _batch_grid(batches)
     ph = Phase(phase)
     defaults = PlannerEntry()
     budget_ms = latency_budget_ms(Slo(ttft_ms=slo_ms, tpot_ms=slo_ms), ph, ttft_headroom=defaults.ttft_headroom,
@@ -93,18 +75,7 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
                                  output_tokens=output_tokens, n_max=n_max, batches=grid)
     perf = RooflinePerf()
     timings = template_timings(perf, tspec)
-    solve_fn = None
-    if solver == "ilp":
-        # lazy: the core loads only when the command runs (`coral --help` stays quick)
-        from coral.solver import SolveOptions
-        from coral.templates.ilp import solve_placement_ilp
-
-        opts = SolveOptions(backend="cpsat" if backend == "cpsat" else "highs", time_limit_s=120.0, mip_gap=1e-7)
-
-        def solve_fn(problem: Any, floor: float) -> Any:
-            placement, _ = solve_placement_ilp(problem, opts)
-            return placement if placement is not None and placement.throughput_tok_per_s > floor else None
-
+    solve_fn = _ilp_solver(backend) if solver == "ilp" else None
     t0 = time.perf_counter()
     placement = solve_multiset(timings, names, solver=solve_fn)
     wall = time.perf_counter() - t0
@@ -130,10 +101,63 @@ def templates_solve(model: str, phase: str, slo_ms: float, nodes: str, prompt_to
                   f" + comm {placement.comm_s * 1e3 * (len(placement.stages) - 1):.1f}; solved in {wall:.2f} s ({solver})")
 
 
-def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.cache import default_cache_dir
+def _node_multiset(nodes: str, model: str, n_max: int) -> tuple[tuple[Any, ...], list[str], Any]:
+    """`--nodes` and `--model` checked: the distinct node configs, their sorted names, the model spec.
 
+    Raises:
+        CoralError: an unknown node, too many nodes, or a TP degree the model does not split into.
+    """
+    # lazy: the core (numpy) loads when the command runs, not when `coral` starts
+    from coral.templates.library import check_multiset
+
+    cat = builtin_catalog()
+    names = [n.strip() for n in nodes.split(",") if n.strip()]
+    check_multiset(names, n_max)
+    configs = tuple({c.name: c for c in (cat.config(n) for n in names)}.values())
+    names = sorted(cat.config(n).name for n in names)
+    spec = resolve_model_spec(model)
+    for c in configs:  # each entry runs TP over its GPUs: the degree must be one vLLM accepts
+        if spec.tp_problem(c.count) is not None:
+            valid = spec.valid_tp(c.count if c.is_group else c.count)
+            try:
+                spec.check_tp(c.count, c.node_count or c.count)
+            except CoralError as exc:
+                raise CoralError(f"--nodes {c.name}: {exc}; give the node's TP groups instead, e.g. "
+                                 f"{c.node_name}/tp{max(valid)}") from None
+    return configs, names, spec
+
+
+def _batch_grid(batches: str) -> tuple[int, ...]:
+    """`--batches` as sorted distinct integers >= 1.
+
+    Raises:
+        CoralError: when it is not a comma-separated list of such integers.
+    """
+    try:
+        grid = tuple(sorted({int(b) for b in batches.split(",") if b.strip()}))
+    except ValueError:
+        raise CoralError(f"--batches must be comma-separated integers, got {batches!r}") from None
+    if not grid or grid[0] < 1:
+        raise CoralError("--batches must list integers >= 1")
+    return grid
+
+
+def _ilp_solver(backend: str) -> Any:
+    """`solve_multiset`'s `solver`: the placement ILP on `backend`, kept only when it beats `floor`."""
+    # lazy: the core (numpy, the ILP backends) loads when the command runs, not when `coral` starts
+    from coral.solver import SolveOptions
+    from coral.templates.ilp import solve_placement_ilp
+
+    opts = SolveOptions(backend="cpsat" if backend == "cpsat" else "highs", time_limit_s=120.0, mip_gap=1e-7)
+
+    def solve_fn(problem: Any, floor: float) -> Any:
+        placement, _ = solve_placement_ilp(problem, opts)
+        return placement if placement is not None and placement.throughput_tok_per_s > floor else None
+
+    return solve_fn
+
+
+def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
     if no_cache:
         return None
     return Path(cache_dir) if cache_dir else default_cache_dir()
@@ -153,7 +177,7 @@ def _cache_dir(cache_dir: str | None, no_cache: bool) -> Path | None:
 def templates_build(scenario_name: str, jobs: int, executor: str, address: str | None, n_max: int | None,
                     rho: float | None, models: tuple[str, ...], cache_dir: str | None, no_cache: bool, as_json: bool) -> None:
     """Build the template library of a scenario (cached: unchanged inputs are never solved twice)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, specs_for
 
@@ -201,7 +225,7 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
 def templates_show(scenario_name: str, model: str | None, phase: str | None, region: str | None, top: int,
                    n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
     """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.perf import Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
@@ -250,7 +274,7 @@ def templates_figure(scenario_name: str, model: str, phase: str, slo_ms: float, 
                      jobs: int, cache_dir: str | None, out: str, as_json: bool) -> None:
     """The paper's Fig. 1: best heterogeneous template vs homogeneous H100 ones (throughput per $),
     and the throughput spectrum of homogeneous vs heterogeneous templates (PNG + Markdown)."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.motivation import motivation
 
     check_output_path(out, "--out", folder=True)

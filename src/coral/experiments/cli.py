@@ -25,6 +25,8 @@ from coral.cli_support import (
     stdout_console,
 )
 from coral.errors import CoralError
+from coral.experiments.fidelity import QUICK, FidelityOptions, run_fidelity
+from coral.experiments.report import render
 from coral.experiments.runner import EXPERIMENTS, SETUPS, RunConfig, Session, run_experiment
 
 console = stdout_console()
@@ -96,9 +98,6 @@ def _command(name: str, setup: str, out: Path, jobs: int, seed: int, duration_s:
 
 def _run(name: str, setup: str, out: str | None, jobs: int, seed: int, duration_s: float | None, quick: bool,
          cache_dir: str | None, data_dir: str | None, arrival: str | None = None, n_max: int | None = None) -> None:
-    # lazy: `coral --help` lists the studies without loading them
-    from coral.experiments.report import render
-
     try:
         cfg = RunConfig.make(setup, quick=quick, duration_s=duration_s, seed=seed, jobs=jobs,
                              cache_dir=Path(cache_dir) if cache_dir else None,
@@ -216,9 +215,6 @@ def fidelity(out_dir: str, model: str, node: str, profile_csv: str | None, data_
              repeat: bool) -> None:
     """Replay a trace through the real local runtime and through the simulator (timed by a profile of the same
     engine), match requests one to one and report the TTFT / TPOT errors (the paper's Fig. 6)."""
-    # lazy: `coral --help` lists the study without loading it
-    from coral.experiments.fidelity import QUICK, FidelityOptions, run_fidelity
-
     dflt = {**{"duration_s": 150.0, "max_prompt": 384, "max_output": 48}, **(QUICK if quick else {})}
     opts = FidelityOptions(
         out=Path(out_dir), model=model, node=node, profile=Path(profile_csv) if profile_csv else None,

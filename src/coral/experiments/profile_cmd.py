@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from coral.catalog import builtin_catalog
 from coral.errors import CoralError
 
 __all__ = ["profile", "run_profile"]
@@ -67,9 +68,6 @@ def run_profile(model: str, node: str, out: str | Path, *, name: str | None = No
     """
     # lazy: torch (runtime extra; processes without layers never load it)
     import torch
-
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.catalog import builtin_catalog
 
     # lazy: torch (runtime extra)
     from coral.experiments.fidelity_profile import (

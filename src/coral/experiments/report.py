@@ -336,101 +336,136 @@ def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, pre
     """The Markdown body of one experiment; figures go to `fig_dir` (linked relative to the report)."""
     rel = f"{prefix}figures/"
     out: list[str] = []
+    if name in ("cost", "goodput", "ablation"):
+        out = _cost_section(name, result, setup, fig_dir, rel)
+    elif name == "skew":
+        out = _skew_section(result, setup, fig_dir, rel)
+    elif name == "helix":
+        out = _helix_section(result, fig_dir, rel)
+    elif name == "sensitivity":
+        out = _sensitivity_section(result, setup, fig_dir, rel)
+    return "\n\n".join(out)
 
+
+def _image_link(out: list[str], rel: str) -> Callable[[str, str], None]:
+    """A function that appends the Markdown link to figure `file` (in `rel`) to `out`."""
     def img(file: str, alt: str) -> None:
         out.append(f"![{alt}]({rel}{file})")
+    return img
 
-    if name in ("cost", "goodput", "ablation"):
-        for case, methods in result["cases"].items():
-            if name == "ablation":
-                out.append(f"### {case} availability")
-            out.append(_methods_table(methods))
-            comp = result["comparison"][case]
-            if "cost_ratio" in comp:
-                out.append(_cost_ratio_lines(comp, PAPER_COST.get(setup)))
-                out.append("Simulated $/h per epoch (instances paid from start, including initialization and "
-                           "draining overlap):\n\n" + _epochs_table(methods, "cost_usd_per_h"))
-                out.append("Plan $/h per epoch (the allocator's objective without the init penalty):\n\n"
-                           + _epochs_table(methods, "plan_cost_usd_per_h"))
-                img(fig_cost_epochs(methods, fig_dir / f"{name}_{case}_cost.png", f"{setup}: hourly cost ({case})"),
-                    "cost per epoch")
-            if "goodput_ratio" in comp:
-                out.append(_goodput_ratio_lines(comp, PAPER_GOODPUT.get(setup) if name == "goodput" else None))
-                out.append("Goodput (tok/s) per epoch:\n\n" + _epochs_table(methods, "goodput_tok_per_s", ",.0f"))
-                out.append("Plan alpha (fraction of the epoch's demand the plan serves) per epoch:\n\n"
-                           + _epochs_table(methods, "plan_alpha", ".2f"))
-                img(fig_goodput_epochs(methods, fig_dir / f"{name}_{case}_goodput_epochs.png",
-                                       f"{setup}: goodput over epochs ({case})"), "goodput over epochs")
-                img(fig_bars([("goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in methods.items()}),
-                              ("$ per M good tokens", {m: r["usd_per_mtok_good"] for m, r in methods.items()}),
-                              ("cost ($/h)", {m: r["cost_usd_per_h"] for m, r in methods.items()})],
-                             fig_dir / f"{name}_{case}_goodput.png", f"{setup}: {case} availability"), "goodput bars")
-            out.append("SLO attainment per model against its target (the whole run / its worst epoch):\n\n"
-                       + _target_table(methods))
-            out.append("SLO attainment per epoch (requests arriving in the epoch):\n\n"
-                       + _epochs_table(methods, "slo_attainment", ".1%"))
-            out.append("Instances started / stopped per epoch (the first epoch's starts are the initial plan):\n\n"
-                       + _churn_table(methods))
-            out.append("Per model:\n\n" + _per_model_table(methods))
-            img(fig_cost_per_model(methods, fig_dir / f"{name}_{case}_per_model.png",
-                                   f"{setup}: cost per model ({case})"), "cost per model")
-            out.append("<details><summary>latency and utilization per model</summary>\n\n" + _latency_table(methods)
-                       + "\n\n</details>")
-        if name == "cost":
-            out.append("Heterogeneous templates Coral picked:\n\n" + templates_table(result["coral_hetero_templates"]))
-        if name == "goodput":
-            out.append("Tight availability (nodes per region/config): "
-                       + ", ".join(f"{k} {v}" for k, v in result["availability"].items()))
+
+def _cost_section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str) -> list[str]:
+    """The cost, goodput and ablation studies: per availability case, the methods, ratios, epochs and figures."""
+    out: list[str] = []
+    img = _image_link(out, rel)
+    for case, methods in result["cases"].items():
         if name == "ablation":
-            img(fig_bars([("abundant: cost ($/h)", {m: r["cost_usd_per_h"] for m, r in result["cases"]["abundant"].items()}),
-                          ("tight: goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in result["cases"]["tight"].items()}),
-                          ("tight: $ per M good tok", {m: r["usd_per_mtok_good"] for m, r in result["cases"]["tight"].items()})],
-                         fig_dir / "ablation.png", f"{setup}: template-greedy vs Coral"), "ablation")
-    elif name == "skew":
-        out.append("Rate multipliers: " + "; ".join(
-            f"{v}: " + ", ".join(f"{m} ×{x:.2f}" for m, x in mult.items()) for v, mult in result["rate_multipliers"].items()))
-        for variant, methods in result["cases"].items():
-            out.append(f"### {variant}")
-            out.append(_methods_table(methods))
-            out.append(_cost_ratio_lines(result["comparison"][variant], PAPER_SKEW.get(setup, {}).get(variant)))
-            out.append(_per_model_table(methods))
-            img(fig_cost_epochs(methods, fig_dir / f"skew_{variant}_cost.png", f"{setup}: {variant}"), f"{variant} cost")
-            img(fig_cost_per_model(methods, fig_dir / f"skew_{variant}_per_model.png", f"{setup}: {variant} per model"),
-                f"{variant} per model")
-    elif name == "helix":
-        coral = result["cases"]["helix"]["coral"]
-        helix = result["helix"]
-        comp = result["comparison"]
-        model = next(iter(coral["per_model"].values()))
-        out.append(table(["system", "$/h", "decode tok/s", "goodput tok/s", "SLO attainment", "GPUs"], [
-            ["helix (reported; whole cluster)", _fmt(helix["cost_usd_per_h"]), _fmt(helix["decode_tok_per_s"], ",.1f"),
-             "– (no SLO)", "–", helix["gpus"]],
-            ["coral (simulated)", _fmt(coral["cost_usd_per_h"]), _fmt(model["decode_tok_per_s"], ",.1f"),
-             _fmt(coral["goodput_tok_per_s"], ",.1f"), _pct(coral["slo_attainment"]),
-             "/".join(str(g) for g in comp["coral_gpus_per_epoch"]) + " (per epoch)"]]))
-        out.append(f"- cost reduction vs Helix: {comp['cost_reduction']:.1%} (paper: 21 %)\n"
-                   f"- decode throughput vs Helix: {comp['throughput_gain']:+.1%} (paper: +26 %); "
-                   f"goodput vs Helix's throughput: {comp['goodput_vs_helix_throughput']:+.1%}")
-        out.append(_per_model_table({"coral": coral}))
-        out.append(_latency_table({"coral": coral}))
+            out.append(f"### {case} availability")
+        out.append(_methods_table(methods))
+        comp = result["comparison"][case]
+        if "cost_ratio" in comp:
+            out.append(_cost_ratio_lines(comp, PAPER_COST.get(setup)))
+            out.append("Simulated $/h per epoch (instances paid from start, including initialization and "
+                       "draining overlap):\n\n" + _epochs_table(methods, "cost_usd_per_h"))
+            out.append("Plan $/h per epoch (the allocator's objective without the init penalty):\n\n"
+                       + _epochs_table(methods, "plan_cost_usd_per_h"))
+            img(fig_cost_epochs(methods, fig_dir / f"{name}_{case}_cost.png", f"{setup}: hourly cost ({case})"),
+                "cost per epoch")
+        if "goodput_ratio" in comp:
+            out.append(_goodput_ratio_lines(comp, PAPER_GOODPUT.get(setup) if name == "goodput" else None))
+            out.append("Goodput (tok/s) per epoch:\n\n" + _epochs_table(methods, "goodput_tok_per_s", ",.0f"))
+            out.append("Plan alpha (fraction of the epoch's demand the plan serves) per epoch:\n\n"
+                       + _epochs_table(methods, "plan_alpha", ".2f"))
+            img(fig_goodput_epochs(methods, fig_dir / f"{name}_{case}_goodput_epochs.png",
+                                   f"{setup}: goodput over epochs ({case})"), "goodput over epochs")
+            img(fig_bars([("goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in methods.items()}),
+                          ("$ per M good tokens", {m: r["usd_per_mtok_good"] for m, r in methods.items()}),
+                          ("cost ($/h)", {m: r["cost_usd_per_h"] for m, r in methods.items()})],
+                         fig_dir / f"{name}_{case}_goodput.png", f"{setup}: {case} availability"), "goodput bars")
+        out.append("SLO attainment per model against its target (the whole run / its worst epoch):\n\n"
+                   + _target_table(methods))
+        out.append("SLO attainment per epoch (requests arriving in the epoch):\n\n"
+                   + _epochs_table(methods, "slo_attainment", ".1%"))
+        out.append("Instances started / stopped per epoch (the first epoch's starts are the initial plan):\n\n"
+                   + _churn_table(methods))
+        out.append("Per model:\n\n" + _per_model_table(methods))
+        img(fig_cost_per_model(methods, fig_dir / f"{name}_{case}_per_model.png",
+                               f"{setup}: cost per model ({case})"), "cost per model")
+        out.append("<details><summary>latency and utilization per model</summary>\n\n" + _latency_table(methods)
+                   + "\n\n</details>")
+    if name == "cost":
         out.append("Heterogeneous templates Coral picked:\n\n" + templates_table(result["coral_hetero_templates"]))
-        img(fig_bars([("cost ($/h)", {"helix (reported)": helix["cost_usd_per_h"], "coral": coral["cost_usd_per_h"]}),
-                      ("decode tok/s", {"helix (reported)": helix["decode_tok_per_s"], "coral": model["decode_tok_per_s"]}),
-                      ("goodput tok/s", {"helix (reported)": None, "coral": coral["goodput_tok_per_s"]})],
-                     fig_dir / "helix.png", "Llama-2-70B on Helix's cluster"), "helix")
-    elif name == "sensitivity":
-        rows = result["rows"]
-        phases = list(rows[0]["per_phase"]) if rows else []
-        out.append(f"Testbed: {result['testbed']}; efficiency priced in {result['region']}.")
-        out.append(table(["n_max", "rho", "templates", "build s", "Coral plan $/h", "plan solve s",
-                          *(f"best tok/s per $/h {p}" for p in phases)],
-                         [[r["n_max"], f"{r['rho']:g}", f"{r['templates']:,}", _fmt(r["build_s"], ",.1f"),
-                           _fmt(r.get("plan_cost_usd_per_h")), _fmt(r.get("plan_solve_s"), ".3f"),
-                           *(_fmt(r["per_phase"][p]["best_tok_per_s_per_usd_h"], ",.0f") for p in phases)]
-                          for r in rows]))
-        if rows:
-            img(fig_sensitivity(rows, fig_dir / "sensitivity.png", f"{setup}: n_max x rho"), "sensitivity")
-    return "\n\n".join(out)
+    if name == "goodput":
+        out.append("Tight availability (nodes per region/config): "
+                   + ", ".join(f"{k} {v}" for k, v in result["availability"].items()))
+    if name == "ablation":
+        img(fig_bars([("abundant: cost ($/h)", {m: r["cost_usd_per_h"] for m, r in result["cases"]["abundant"].items()}),
+                      ("tight: goodput (tok/s)", {m: r["goodput_tok_per_s"] for m, r in result["cases"]["tight"].items()}),
+                      ("tight: $ per M good tok", {m: r["usd_per_mtok_good"] for m, r in result["cases"]["tight"].items()})],
+                     fig_dir / "ablation.png", f"{setup}: template-greedy vs Coral"), "ablation")
+    return out
+
+
+def _skew_section(result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str) -> list[str]:
+    """The demand-skew study: per variant, the methods against the paper's ratio."""
+    out: list[str] = []
+    img = _image_link(out, rel)
+    out.append("Rate multipliers: " + "; ".join(
+        f"{v}: " + ", ".join(f"{m} ×{x:.2f}" for m, x in mult.items()) for v, mult in result["rate_multipliers"].items()))
+    for variant, methods in result["cases"].items():
+        out.append(f"### {variant}")
+        out.append(_methods_table(methods))
+        out.append(_cost_ratio_lines(result["comparison"][variant], PAPER_SKEW.get(setup, {}).get(variant)))
+        out.append(_per_model_table(methods))
+        img(fig_cost_epochs(methods, fig_dir / f"skew_{variant}_cost.png", f"{setup}: {variant}"), f"{variant} cost")
+        img(fig_cost_per_model(methods, fig_dir / f"skew_{variant}_per_model.png", f"{setup}: {variant} per model"),
+            f"{variant} per model")
+    return out
+
+
+def _helix_section(result: Mapping[str, Any], fig_dir: Path, rel: str) -> list[str]:
+    """Coral against Helix's reported cost and throughput on Helix's cluster."""
+    out: list[str] = []
+    img = _image_link(out, rel)
+    coral = result["cases"]["helix"]["coral"]
+    helix = result["helix"]
+    comp = result["comparison"]
+    model = next(iter(coral["per_model"].values()))
+    out.append(table(["system", "$/h", "decode tok/s", "goodput tok/s", "SLO attainment", "GPUs"], [
+        ["helix (reported; whole cluster)", _fmt(helix["cost_usd_per_h"]), _fmt(helix["decode_tok_per_s"], ",.1f"),
+         "– (no SLO)", "–", helix["gpus"]],
+        ["coral (simulated)", _fmt(coral["cost_usd_per_h"]), _fmt(model["decode_tok_per_s"], ",.1f"),
+         _fmt(coral["goodput_tok_per_s"], ",.1f"), _pct(coral["slo_attainment"]),
+         "/".join(str(g) for g in comp["coral_gpus_per_epoch"]) + " (per epoch)"]]))
+    out.append(f"- cost reduction vs Helix: {comp['cost_reduction']:.1%} (paper: 21 %)\n"
+               f"- decode throughput vs Helix: {comp['throughput_gain']:+.1%} (paper: +26 %); "
+               f"goodput vs Helix's throughput: {comp['goodput_vs_helix_throughput']:+.1%}")
+    out.append(_per_model_table({"coral": coral}))
+    out.append(_latency_table({"coral": coral}))
+    out.append("Heterogeneous templates Coral picked:\n\n" + templates_table(result["coral_hetero_templates"]))
+    img(fig_bars([("cost ($/h)", {"helix (reported)": helix["cost_usd_per_h"], "coral": coral["cost_usd_per_h"]}),
+                  ("decode tok/s", {"helix (reported)": helix["decode_tok_per_s"], "coral": model["decode_tok_per_s"]}),
+                  ("goodput tok/s", {"helix (reported)": None, "coral": coral["goodput_tok_per_s"]})],
+                 fig_dir / "helix.png", "Llama-2-70B on Helix's cluster"), "helix")
+    return out
+
+
+def _sensitivity_section(result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str) -> list[str]:
+    """The n_max x rho sweep: library size, build time, plan cost and efficiency per phase."""
+    out: list[str] = []
+    img = _image_link(out, rel)
+    rows = result["rows"]
+    phases = list(rows[0]["per_phase"]) if rows else []
+    out.append(f"Testbed: {result['testbed']}; efficiency priced in {result['region']}.")
+    out.append(table(["n_max", "rho", "templates", "build s", "Coral plan $/h", "plan solve s",
+                      *(f"best tok/s per $/h {p}" for p in phases)],
+                     [[r["n_max"], f"{r['rho']:g}", f"{r['templates']:,}", _fmt(r["build_s"], ",.1f"),
+                       _fmt(r.get("plan_cost_usd_per_h")), _fmt(r.get("plan_solve_s"), ".3f"),
+                       *(_fmt(r["per_phase"][p]["best_tok_per_s_per_usd_h"], ",.0f") for p in phases)]
+                      for r in rows]))
+    if rows:
+        img(fig_sensitivity(rows, fig_dir / "sensitivity.png", f"{setup}: n_max x rho"), "sensitivity")
+    return out
 
 
 TITLES = {"cost": "§6.3 End-to-end cost (abundant GPUs)", "goodput": "§6.4 Goodput under tight availability",

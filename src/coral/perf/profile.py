@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -104,11 +106,61 @@ def load_profile_csv(path: str | Path, catalog: Catalog, fallback: PerfModel | N
     return ProfilePerf(_table_from_rows(rows), fallback=fallback)
 
 
+# --- Helix's per-layer profiles --------------------------------------------------------------------
+
+HELIX_DECODE_CONTEXT = 1024.0
+_HELIX_FILE = re.compile(r"^([a-z0-9]+?)(?:x(\d+))?_(prompt|decode)_bs2time\.csv$")
+_HELIX_GPU = {"a100": "A100-40GB", "v100": "V100-16GB", "l4": "L4", "t4": "T4"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Measurement:
+    """One Helix point: ms per decoder layer for `tokens` (prompt tokens, or the decode batch) on `config`."""
+
+    config: NodeConfig
+    phase: Phase
+    tokens: int
+    layer_ms: float
+
+    @property
+    def shape(self) -> Shape:
+        if self.phase is Phase.PREFILL:
+            return Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=self.tokens, output_tokens=0)
+        return Shape(phase=Phase.DECODE, batch=self.tokens, prompt_tokens=HELIX_DECODE_CONTEXT, output_tokens=0)
+
+    @property
+    def counted(self) -> bool:
+        """The points the accuracy target is stated on: >= 250 prompt tokens or decode batch >= 8."""
+        return self.tokens >= 250 if self.phase is Phase.PREFILL else self.tokens >= 8
+
+
+def load_helix_profiles(folder: str | Path, catalog: Catalog) -> list[Measurement]:
+    """Read every Helix `*_bs2time.csv` in `folder` (rows with 0 tokens are skipped)."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise CoralError(f"profile folder {root} does not exist; pass the folder holding Helix's *_bs2time.csv files")
+    out: list[Measurement] = []
+    for path in sorted(root.glob("*_bs2time.csv")):
+        match = _HELIX_FILE.match(path.name)
+        if not match or match.group(1) not in _HELIX_GPU:
+            continue
+        gpu, count, phase = _HELIX_GPU[match.group(1)], int(match.group(2) or 1), match.group(3)
+        config = catalog.config(f"{count}x{gpu}")
+        for row in csv.reader(path.read_text().splitlines()):
+            if len(row) < 2 or not row[0].strip():
+                continue
+            tokens, ms = int(float(row[0])), float(row[1])
+            if tokens > 0 and ms > 0:
+                out.append(Measurement(config=config, phase=Phase.PREFILL if phase == "prompt" else Phase.DECODE,
+                                       tokens=tokens, layer_ms=ms))
+    if not out:
+        raise CoralError(f"no Helix profile files (<gpu>[x<n>]_<prompt|decode>_bs2time.csv) in {root}")
+    return out
+
+
 def profile_from_helix(folder: str | Path, catalog: Catalog, model: str = "llama-2-70b",
                        fallback: PerfModel | None = None) -> ProfilePerf:
     """Helix's `<gpu>[x<n>]_{prompt,decode}_bs2time.csv` files as a profile table for `model`."""
-    from coral.perf.calibrate import load_helix_profiles
-
     rows = [(m.config.name, model, m.phase.value, float(m.tokens), m.layer_ms)
             for m in load_helix_profiles(folder, catalog)]
     return ProfilePerf(_table_from_rows(rows), fallback=fallback or RooflinePerf())

@@ -108,7 +108,8 @@ def _check(problem: PlacementProblem, formulation: str) -> None:
 
 
 def formulate(problem: PlacementProblem, formulation: Formulation = "tight") -> MilpModel:
-    """Build the placement MILP.
+    """Build the placement MILP. One function on purpose (longer than 80 lines): it builds the
+    constraint families below in order, each block labelled `# (C#)` to match this list.
 
     Sets: stages `s < S`, nodes `k < K`, layer counts `j ∈ [1, J]`, `J = L - S + 1` (every
     other stage holds ≥ 1 layer); `G`: groups of identical nodes.

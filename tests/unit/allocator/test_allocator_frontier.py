@@ -2,6 +2,7 @@
 frontier gives the same optimum as the full ILP over every column."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
@@ -68,9 +69,8 @@ def test_frontier_mask_hand_example():
 
 @pytest.mark.parametrize("seed", range(20))
 def test_linear_frontier_equals_sorting_and_brute_force(seed):
-    # coarse throughputs and prices, so ties in Θ, in cost and exact duplicates all occur
-    from coral.allocator.allocate import _frontier_by_sort
-
+    # coarse throughputs and prices, so ties in Θ, in cost and exact duplicates all occur;
+    # columns built without Θ blocks take the sorting pass
     rng = random.Random(seed)
     regions, configs = ["r1", "r2", "r3"], ["A", "B", "C", "D"]
     prices = {(r, c): float(rng.randint(1, 3)) for r in regions for c in configs if rng.random() < 0.8}
@@ -89,7 +89,8 @@ def test_linear_frontier_equals_sorting_and_brute_force(seed):
     prev = np.zeros(cols.num_cols)
     prev[rng.randrange(cols.num_cols)] = 2  # a running column is always kept
     fast = frontier_columns(inputs, cols, prev)
-    assert (fast == _frontier_by_sort(inputs, cols, prev)).all()
+    assert cols.theta_block is not None
+    assert (fast == frontier_columns(inputs, dataclasses.replace(cols, theta_block=None), prev)).all()
     theta = cols.throughput[cols.col_t]
     grp = cols.group[cols.col_t]
     cost = cols.price * (1 + inputs.init_s / inputs.horizon_s)

@@ -5,7 +5,8 @@ import pytest
 from coral.catalog import builtin_catalog, builtin_model
 from coral.errors import CoralError
 from coral.perf import Efficiency, Phase, RooflinePerf, Shape, load_profile_csv, profile_from_helix
-from coral.perf.calibrate import calibrate, load_helix_profiles, summarize
+from coral.perf.calibrate import calibrate, summarize
+from coral.perf.profile import load_helix_profiles
 from coral.perf.roofline import FITTED_EFFICIENCY
 
 CAT = builtin_catalog()

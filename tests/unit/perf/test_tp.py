@@ -11,31 +11,33 @@ from coral.catalog.hardware import LINK_REF_BYTES, LinkFit
 from coral.errors import CoralError
 from coral.perf import Efficiency, Phase, RooflinePerf, Shape
 from coral.perf.calibrate import (
-    AIC_FILE,
-    AIC_SYSTEMS,
-    LINK_FIT_SIZES,
-    MIB,
     PCIE_HELIX,
-    VIDUR_HELDOUT_SIZES,
-    VIDUR_NODES,
-    allreduce_errors,
     calibrate,
-    fit_allreduce,
     fit_pcie,
     helix_heldout,
     helix_speedups,
-    intra_node_curves,
     link_table,
-    load_helix_profiles,
-    load_nccl_allreduce,
-    load_vidur_network,
-    measured_links,
-    send_check,
     single_gpu_efficiency,
     summarize,
     summarize_speedups,
     vidur_speedups,
 )
+from coral.perf.collectives import (
+    AIC_FILE,
+    AIC_SYSTEMS,
+    LINK_FIT_SIZES,
+    MIB,
+    VIDUR_HELDOUT_SIZES,
+    VIDUR_NODES,
+    allreduce_errors,
+    fit_allreduce,
+    intra_node_curves,
+    load_nccl_allreduce,
+    load_vidur_network,
+    measured_links,
+    send_check,
+)
+from coral.perf.profile import load_helix_profiles
 
 CAT = builtin_catalog()
 LLAMA2 = builtin_model("llama-2-70b")

@@ -11,7 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from coral.errors import CoralError
-from coral.runtime.deploy.export import FORMATS
+from coral.runtime.deploy.advisory import diff_plans
+from coral.runtime.deploy.export import FORMATS, check_out_folder, export_plan, write_export
+from coral.runtime.deploy.plan_file import load_plan_file, parse_plan
+from coral.runtime.deploy.secrets import SECRETS_DIR, load_secrets
+from coral.runtime.deploy.vllm import vllm_templates
+from coral.templates.template import TemplateLibrary
 
 
 @click.command("export")
@@ -32,11 +37,6 @@ def export_cmd(plan_path: str | None, fmt: str, out: str, scenario_name: str | N
     Exit codes: 0 written, 2 bad input (plan of another scenario or an older version, a derived
     shape without --allow-derived, an instance the format cannot express with --strict).
     """
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.runtime.deploy.export import check_out_folder, export_plan, write_export
-    from coral.runtime.deploy.plan_file import load_plan_file
-    from coral.runtime.deploy.secrets import SECRETS_DIR, load_secrets
-
     check_out_folder(out)  # before any work
     if plan_path is None and fmt != "grafana":
         raise CoralError(f"--format {fmt} exports a plan: pass --plan plan.json (from `coral plan --out`)")
@@ -75,10 +75,6 @@ def restrict_setup(setup: Any, engine: str) -> tuple[Any, dict[str, Any]]:
     Returns:
         (setup, facts): facts has `templates` / `kept` counts per the whole library.
     """
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.runtime.deploy.vllm import vllm_templates
-    from coral.templates.template import TemplateLibrary
-
     lib = setup.library
     if engine == "coral":
         return setup, {"templates": len(lib.templates), "kept": len(lib.templates)}
@@ -110,9 +106,6 @@ def load_running(path: str, scenario: Any) -> Any:
     Raises:
         CoralError: as `coral.runtime.deploy.plan_file.parse_plan`, prefixed with --running.
     """
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.runtime.deploy.plan_file import parse_plan
-
     try:
         data = json.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -124,10 +117,6 @@ def load_running(path: str, scenario: Any) -> Any:
 
 def advise(running: Any, data: dict[str, Any], scenario: Any) -> dict[str, Any]:
     """Diff the running plan against the new plan's JSON `data` (as `PlanDiff.to_json`). Changes nothing."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.runtime.deploy.advisory import diff_plans
-    from coral.runtime.deploy.plan_file import parse_plan
-
     return diff_plans(running, parse_plan(data, scenario, "the new plan")).to_json()
 
 

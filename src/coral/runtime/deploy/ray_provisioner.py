@@ -137,6 +137,19 @@ def ray_capacity() -> Counter[tuple[str, int]]:
     return out
 
 
+def _check_tp(inst: InstanceSpec, configs: list[list[str | None]]) -> None:
+    """Refuse a stage whose TP degree needs more GPUs than its node has.
+
+    Raises:
+        CoralError: naming the instance, the stage and the node.
+    """
+    for s, (stage, st) in enumerate(zip(configs, inst.stages, strict=True)):
+        for c, tp in zip(stage, st.tps, strict=True):
+            if c is not None and entry_tp(c) < tp:
+                raise CoralError(f"instance {inst.name} stage {s}: tp {tp} needs {tp} GPUs per node, its "
+                                 f"node {c} has {entry_tp(c)}")
+
+
 class RayProvisioner(Provisioner):
     """Instances as Ray actors, one placement group per instance.
 
@@ -226,48 +239,14 @@ class RayProvisioner(Provisioner):
     def start_instance(self, inst: InstanceSpec, model: ServedModel, cluster: ClusterSpec, coordinator: str) -> None:  # noqa: D102
         # lazy: ray (optional: only the Ray provisioner)
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         configs = self.configs_of(inst)
-        for s, (stage, st) in enumerate(zip(configs, inst.stages, strict=True)):
-            for c, tp in zip(stage, st.tps, strict=True):
-                if c is not None and entry_tp(c) < tp:
-                    raise CoralError(f"instance {inst.name} stage {s}: tp {tp} needs {tp} GPUs per node, its "
-                                     f"node {c} has {entry_tp(c)}")
+        _check_tp(inst, configs)
         self.retired.discard(inst.name)
         keys = [(s, k) for s, st in enumerate(inst.stages) for k in range(len(st.node_throughputs))]
-        bundle: dict[tuple[int, int], dict[str, float]] = {}
-        for s, k in keys:
-            b: dict[str, float] = {"CPU": self.cpus_per_engine}
-            c = configs[s][k]
-            if c is not None:  # its GPUs: the whole node's, or its TP group's of the node
-                b.update({"GPU": float(entry_tp(c)), f"accelerator_type:{split_config_name(c)[1]}": ACCELERATOR_SLIVER})
-            bundle[(s, k)] = b
-        # one placement group per machine of a placed instance (STRICT_PACK: its TP groups on one Ray node),
-        # else one for the whole instance (PACK); the scheduler's small CPU bundle rides in the first
-        machines = self.machines_of(inst)
-        groups = machines if machines is not None else [keys]
-        strategy = "STRICT_PACK" if machines is not None else "PACK"
-        where: dict[tuple[int, int] | str, tuple[Any, int]] = {}
-        pgs = []
-        for g, members in enumerate(groups):
-            bundles = ([{"CPU": 0.05}] if g == 0 else []) + [bundle[m] for m in members]
-            pg = placement_group(bundles, strategy=strategy, name=f"coral-{inst.name}-{g}")
-            pgs.append(pg)
-            try:
-                ray.get(pg.ready(), timeout=self.placement_timeout_s)
-            except Exception:
-                for p in pgs:
-                    ray.util.remove_placement_group(p)
-                raise CoralError(f"instance {inst.name}: its placement group ({len(members)} engine node(s)"
-                                 f"{f' of machine {g}' if machines is not None else ''}) was not placed within "
-                                 f"{self.placement_timeout_s:.0f} s; the Ray cluster lacks nodes") from None
-            if g == 0:
-                where["scheduler"] = (pg, 0)
-            for i, m in enumerate(members):
-                where[m] = (pg, i + (1 if g == 0 else 0))
-        self.groups[inst.name] = pgs
+        bundle = self._bundles(inst, configs)
+        where = self._place(inst, keys, bundle)
         actor_cls = ray.remote(_Process)
         host = cluster.host
         common = {"curve_keys_dir": cluster.curve_keys_dir, "heartbeat_s": cluster.heartbeat_s,
@@ -312,6 +291,55 @@ class RayProvisioner(Provisioner):
             for rank in range(1, tp):
                 self.pids_[f"{name}/tp{rank}"] = ray.get(self.actors[name].start.remote(
                     "engine", {**spec, "tp": {"rank": rank, "world": tp, "init_method": rendezvous}}), timeout=60)
+
+    def _bundles(self, inst: InstanceSpec, configs: list[list[str | None]]) -> dict[tuple[int, int], dict[str, float]]:
+        """Each engine node's Ray resources: CPUs, and its GPUs (the whole node's, or its TP group's)."""
+        bundle: dict[tuple[int, int], dict[str, float]] = {}
+        for s, st in enumerate(inst.stages):
+            for k in range(len(st.node_throughputs)):
+                b: dict[str, float] = {"CPU": self.cpus_per_engine}
+                c = configs[s][k]
+                if c is not None:
+                    b.update({"GPU": float(entry_tp(c)), f"accelerator_type:{split_config_name(c)[1]}": ACCELERATOR_SLIVER})
+                bundle[(s, k)] = b
+        return bundle
+
+    def _place(self, inst: InstanceSpec, keys: list[tuple[int, int]],
+               bundle: dict[tuple[int, int], dict[str, float]]) -> dict[tuple[int, int] | str, tuple[Any, int]]:
+        """Reserve the instance's placement groups: one per machine of a placed instance (STRICT_PACK:
+        its TP groups on one Ray node), else one for the whole instance (PACK); the scheduler's small
+        CPU bundle rides in the first. Returns each process's (group, bundle index).
+
+        Raises:
+            CoralError: a group not placed within `placement_timeout_s` (the groups made so far are removed).
+        """
+        # lazy: ray (optional: only the Ray provisioner)
+        import ray
+        from ray.util.placement_group import placement_group
+
+        machines = self.machines_of(inst)
+        groups = machines if machines is not None else [keys]
+        strategy = "STRICT_PACK" if machines is not None else "PACK"
+        where: dict[tuple[int, int] | str, tuple[Any, int]] = {}
+        pgs = []
+        for g, members in enumerate(groups):
+            bundles = ([{"CPU": 0.05}] if g == 0 else []) + [bundle[m] for m in members]
+            pg = placement_group(bundles, strategy=strategy, name=f"coral-{inst.name}-{g}")
+            pgs.append(pg)
+            try:
+                ray.get(pg.ready(), timeout=self.placement_timeout_s)
+            except Exception:
+                for p in pgs:
+                    ray.util.remove_placement_group(p)
+                raise CoralError(f"instance {inst.name}: its placement group ({len(members)} engine node(s)"
+                                 f"{f' of machine {g}' if machines is not None else ''}) was not placed within "
+                                 f"{self.placement_timeout_s:.0f} s; the Ray cluster lacks nodes") from None
+            if g == 0:
+                where["scheduler"] = (pg, 0)
+            for i, m in enumerate(members):
+                where[m] = (pg, i + (1 if g == 0 else 0))
+        self.groups[inst.name] = pgs
+        return where
 
     @staticmethod
     def _instance_of(proc_name: str) -> str:

@@ -57,73 +57,104 @@ def serve(config_path: str, port: int | None, startup_timeout: float, log_level:
     Stopping is graceful: new requests get 503 with Retry-After while the ones in flight finish
     (at most --drain-timeout seconds), then every process stops.
     """
-    # lazy: `coral --help` lists serve without loading the runtime
-    from coral.runtime.deploy.cluster_config import load_cluster
-
-    # lazy: `coral --help` lists serve without loading the runtime
-    from coral.runtime.deploy.deployment import Deployment
-    from coral.runtime.deploy.provisioner import LocalProvisioner
-
     logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:  # a missing or malformed cluster file, a cluster that does not start: one line, exit 2
-        if ready_file:  # refused before any process starts, not after
-            check_output_path(ready_file, "--ready-file", folder=False)
-        cluster = load_cluster(config_path)
-        check_exposure(cluster.host, cluster.api_key, insecure)
-        plan_file = None
-        if plan_path:
-            # lazy: `coral --help` lists serve without loading the runtime
-            from coral.runtime.deploy.mapping import cluster_from_plan
-
-            # lazy: `coral --help` lists serve without loading the runtime
-            from coral.runtime.deploy.plan_file import load_plan_file
-
-            plan_file = load_plan_file(plan_path, scenario_name)
-            cluster = cluster_from_plan(cluster, plan_file)
-            if provisioner_name == "remote":  # numbered as the SkyPilot export's engine tasks dial them
-                # lazy: `coral --help` lists serve without loading the runtime
-                from coral.runtime.deploy.mapping import with_scheduler_ports
-
-                cluster = dataclasses.replace(cluster, instances=tuple(with_scheduler_ports(plan_file, list(cluster.instances))))
-        provisioner: Any = LocalProvisioner(log_level=log_level)
-        if provisioner_name == "remote":
-            unported = [i.name for i in cluster.instances if i.scheduler_port is None]
-            if unported:
-                raise CoralError(f"--provisioner remote: instance {unported[0]} has no scheduler_port; engines started "
-                                 "elsewhere dial a fixed one: set scheduler_port on every instance, or pass --plan")
-            if cluster.planner != "none" and not dry_run:
-                raise CoralError("--provisioner remote cannot start engines for a re-plan: set coordinator.planner "
-                                 "to none (re-export the new plan instead), or pass --dry-run to only log it")
-            provisioner = LocalProvisioner(log_level=log_level, start_engines=False)
-        if provisioner_name == "ray":
-            # lazy: ray (optional: only with --provisioner ray)
-            from coral.runtime.deploy.ray_provisioner import RayProvisioner
-
-            # a plan's instances carry each node's configuration: the provisioner places by it
-            provisioner = RayProvisioner(address=ray_address, log_level=log_level)
-            provisioner.check_capacity(cluster.instances)
-        planner: Any = None
-        if cluster.planner == "allocator" and plan_file is not None:
-            # lazy: `coral --help` lists serve without loading the runtime
-            from coral.runtime.deploy.planner import PlanPlanner
-
-            planner = PlanPlanner.from_plan(plan_file, {m.name: m for m in cluster.models})
-        elif cluster.planner == "allocator":
-            # lazy: `coral --help` lists serve without loading the runtime
-            from coral.runtime.deploy.planner import AllocatorPlanner
-
-            planner = AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
-        prices = None
-        if plan_file is not None:
-            # lazy: `coral --help` lists serve without loading the runtime
-            from coral.runtime.deploy.mapping import plan_prices
-
-            prices = plan_prices(plan_file, cluster.instances)
-        dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run, prices=prices,
-                         body_deadline_s=body_deadline_s)
-        dep.start(timeout_s=startup_timeout)
+        cluster, dep = _start_deployment(
+            config_path, port=port, startup_timeout=startup_timeout, log_level=log_level, ready_file=ready_file,
+            plan_path=plan_path, scenario_name=scenario_name, provisioner_name=provisioner_name,
+            ray_address=ray_address, dry_run=dry_run, body_deadline_s=body_deadline_s, insecure=insecure)
     except CoralError as e:
         raise UserError(str(e)) from None
+    _serve_until_stopped(cluster, dep, ready_file, drain_timeout)
+
+
+def _start_deployment(config_path: str, *, port: int | None, startup_timeout: float, log_level: str,
+                      ready_file: str | None, plan_path: str | None, scenario_name: str | None,
+                      provisioner_name: str, ray_address: str | None, dry_run: bool,
+                      body_deadline_s: float | None, insecure: bool) -> tuple[Any, Any]:
+    """Load the cluster file (and the plan), pick the provisioner and the planner, and start every
+    process. Returns (cluster, deployment).
+
+    Raises:
+        CoralError: a bad file or option, or a cluster that does not start.
+    """
+    # lazy: the runtime extra (fastapi, uvicorn, msgspec, zmq): `coral --help` lists serve without loading it
+    from coral.runtime.deploy.cluster_config import load_cluster
+    from coral.runtime.deploy.deployment import Deployment
+    from coral.runtime.deploy.mapping import plan_prices
+
+    if ready_file:  # refused before any process starts, not after
+        check_output_path(ready_file, "--ready-file", folder=False)
+    cluster = load_cluster(config_path)
+    check_exposure(cluster.host, cluster.api_key, insecure)
+    plan_file = None
+    if plan_path:
+        cluster, plan_file = _with_plan(cluster, plan_path, scenario_name, remote=provisioner_name == "remote")
+    provisioner = _provisioner(cluster, provisioner_name, log_level=log_level, ray_address=ray_address, dry_run=dry_run)
+    planner = _planner(cluster, plan_file)
+    prices = plan_prices(plan_file, cluster.instances) if plan_file is not None else None
+    dep = Deployment(cluster, provisioner, http_port=port, planner=planner, dry_run=dry_run, prices=prices,
+                     body_deadline_s=body_deadline_s)
+    dep.start(timeout_s=startup_timeout)
+    return cluster, dep
+
+
+def _with_plan(cluster: Any, plan_path: str, scenario_name: str | None, *, remote: bool) -> tuple[Any, Any]:
+    """The cluster with the plan file's instances in place of its own, and the plan file."""
+    # lazy: the runtime extra (msgspec, zmq): `coral --help` lists serve without loading it
+    from coral.runtime.deploy.mapping import cluster_from_plan, with_scheduler_ports
+    from coral.runtime.deploy.plan_file import load_plan_file
+
+    plan_file = load_plan_file(plan_path, scenario_name)
+    cluster = cluster_from_plan(cluster, plan_file)
+    if remote:  # numbered as the SkyPilot export's engine tasks dial them
+        cluster = dataclasses.replace(cluster, instances=tuple(with_scheduler_ports(plan_file, list(cluster.instances))))
+    return cluster, plan_file
+
+
+def _provisioner(cluster: Any, name: str, *, log_level: str, ray_address: str | None, dry_run: bool) -> Any:
+    """The provisioner `--provisioner` names, checked against the cluster.
+
+    Raises:
+        CoralError: remote without a scheduler port or with a re-planning coordinator; ray short of GPUs.
+    """
+    # lazy: the runtime extra (msgspec, zmq): `coral --help` lists serve without loading it
+    from coral.runtime.deploy.provisioner import LocalProvisioner
+
+    if name == "remote":
+        unported = [i.name for i in cluster.instances if i.scheduler_port is None]
+        if unported:
+            raise CoralError(f"--provisioner remote: instance {unported[0]} has no scheduler_port; engines started "
+                             "elsewhere dial a fixed one: set scheduler_port on every instance, or pass --plan")
+        if cluster.planner != "none" and not dry_run:
+            raise CoralError("--provisioner remote cannot start engines for a re-plan: set coordinator.planner "
+                             "to none (re-export the new plan instead), or pass --dry-run to only log it")
+        return LocalProvisioner(log_level=log_level, start_engines=False)
+    if name == "ray":
+        # lazy: ray (optional: only with --provisioner ray)
+        from coral.runtime.deploy.ray_provisioner import RayProvisioner
+
+        # a plan's instances carry each node's configuration: the provisioner places by it
+        ray_provisioner = RayProvisioner(address=ray_address, log_level=log_level)
+        ray_provisioner.check_capacity(cluster.instances)
+        return ray_provisioner
+    return LocalProvisioner(log_level=log_level)
+
+
+def _planner(cluster: Any, plan_file: Any) -> Any:
+    """The coordinator's planner: none, or the allocator over the plan's scenario or the cluster's shapes."""
+    if cluster.planner != "allocator":
+        return None
+    # lazy: the planner loads the allocator (numpy, highspy) only when the cluster re-plans
+    from coral.runtime.deploy.planner import AllocatorPlanner, PlanPlanner
+
+    if plan_file is not None:
+        return PlanPlanner.from_plan(plan_file, {m.name: m for m in cluster.models})
+    return AllocatorPlanner(shapes=cluster.instances, max_nodes=cluster.max_nodes)
+
+
+def _serve_until_stopped(cluster: Any, dep: Any, ready_file: str | None, drain_timeout: float) -> None:
+    """Serve until a signal (then drain, at most `drain_timeout` s) or the engine launcher exits; then stop."""
     stop = threading.Event()
     signals = []
 
@@ -206,7 +237,7 @@ def keys(folder: str | None) -> None:
     and a peer without the secret key can neither read nor send control messages. Copy the
     folder to every machine of the cluster over a secure channel; keep the secret file private.
     """
-    # lazy: `coral --help` lists serve without loading the runtime
+    # lazy: the runtime extra (zmq): `coral --help` lists keys without loading it
     from coral.runtime.transport import generate_keys
 
     path = Path(folder) if folder else default_keys_dir()

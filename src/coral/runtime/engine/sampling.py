@@ -102,53 +102,68 @@ def sample_batch(
     if not params:
         return []
     raw = logits.float()
-    x = raw.clone()
-    vocab = x.shape[1]
-    neg = float("-inf")
-    for i, p in enumerate(params):
-        if p.min_tokens and steps[i] < p.min_tokens and p.stop_ids:
-            ids = [t for t in p.stop_ids if 0 <= t < vocab]
-            if ids:
-                x[i, ids] = neg
-        if p.logit_bias:
-            ids = [t for t, _ in p.logit_bias if 0 <= t < vocab]
-            if ids:
-                x[i, ids] += torch.tensor([b for t, b in p.logit_bias if 0 <= t < vocab], device=x.device)
+    x = _biased(raw.clone(), params, steps)
     if histories is not None:
         x = _penalties(x, params, histories)
 
     want_lp = any(p.logprobs >= 0 for p in params)
     logp = torch.log_softmax(raw, dim=-1) if want_lp else None
 
-    temps = torch.tensor([p.temperature for p in params], device=x.device)
     tokens = torch.argmax(x, dim=-1)
-    # from the params, not the tensor: reading `temps` back costs a device sync per row
+    # from the params, not the tensor: reading the temperatures back costs a device sync per row
     rand_rows = [i for i, p in enumerate(params) if p.temperature > GREEDY_BELOW]
     if rand_rows:
-        rows_ids = torch.tensor(rand_rows, device=x.device)
-        y = x[rows_ids] / temps[rows_ids].unsqueeze(1)
-        top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in rand_rows], device=x.device)
-        top_p = torch.tensor([params[i].top_p for i in rand_rows], device=x.device)
-        min_p = torch.tensor([params[i].min_p for i in rand_rows], device=x.device)
-        if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
-            srt, order = torch.sort(y, dim=-1, descending=True)
-            rank = torch.arange(vocab, device=x.device).unsqueeze(0)
-            drop = rank >= top_k.unsqueeze(1)
-            probs_sorted = torch.softmax(srt.masked_fill(drop, neg), dim=-1)
-            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-            before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
-            drop |= before >= top_p.unsqueeze(1)
-            drop[:, 0] = False
-            y = y.scatter(1, order, srt.masked_fill(drop, neg))
-        probs = torch.softmax(y, dim=-1)
-        if bool((min_p > 0).any()):
-            cut = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
-            probs = torch.where(probs < cut, torch.zeros_like(probs), probs)
-        probs = probs.cpu()
+        probs = _filtered_probs(x, params, rand_rows)
         for j, i in enumerate(rand_rows):
             g = torch.Generator().manual_seed(step_seed(params[i].seed, steps[i]))
             tokens[i] = int(torch.multinomial(probs[j], 1, generator=g).item())
-    toks = tokens.tolist()
+    return _with_logprobs(tokens.tolist(), params, logp)
+
+
+def _biased(x: Any, params: Sequence[SamplingParams], steps: Sequence[int]) -> Any:
+    """`x` with each row's stop tokens masked while it is short of `min_tokens`, and its `logit_bias` added (in place)."""
+    vocab = x.shape[1]
+    for i, p in enumerate(params):
+        if p.min_tokens and steps[i] < p.min_tokens and p.stop_ids:
+            ids = [t for t in p.stop_ids if 0 <= t < vocab]
+            if ids:
+                x[i, ids] = float("-inf")
+        if p.logit_bias:
+            ids = [t for t, _ in p.logit_bias if 0 <= t < vocab]
+            if ids:
+                x[i, ids] += torch.tensor([b for t, b in p.logit_bias if 0 <= t < vocab], device=x.device)
+    return x
+
+
+def _filtered_probs(x: Any, params: Sequence[SamplingParams], rand_rows: list[int]) -> Any:
+    """The sampled rows' probabilities (on the CPU) after temperature, top-k, top-p and min-p."""
+    neg = float("-inf")
+    vocab = x.shape[1]
+    temps = torch.tensor([p.temperature for p in params], device=x.device)
+    rows_ids = torch.tensor(rand_rows, device=x.device)
+    y = x[rows_ids] / temps[rows_ids].unsqueeze(1)
+    top_k = torch.tensor([params[i].top_k if params[i].top_k > 0 else vocab for i in rand_rows], device=x.device)
+    top_p = torch.tensor([params[i].top_p for i in rand_rows], device=x.device)
+    min_p = torch.tensor([params[i].min_p for i in rand_rows], device=x.device)
+    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+        srt, order = torch.sort(y, dim=-1, descending=True)
+        rank = torch.arange(vocab, device=x.device).unsqueeze(0)
+        drop = rank >= top_k.unsqueeze(1)
+        probs_sorted = torch.softmax(srt.masked_fill(drop, neg), dim=-1)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        before = torch.cumsum(probs_sorted, dim=-1) - probs_sorted
+        drop |= before >= top_p.unsqueeze(1)
+        drop[:, 0] = False
+        y = y.scatter(1, order, srt.masked_fill(drop, neg))
+    probs = torch.softmax(y, dim=-1)
+    if bool((min_p > 0).any()):
+        cut = min_p.unsqueeze(1) * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(probs < cut, torch.zeros_like(probs), probs)
+    return probs.cpu()
+
+
+def _with_logprobs(toks: list[int], params: Sequence[SamplingParams], logp: Any) -> list[Sampled]:
+    """One `Sampled` per row: the token, and its log-probability and top alternatives when the row asks."""
     out: list[Sampled] = []
     for i, p in enumerate(params):
         if p.logprobs < 0 or logp is None:
@@ -157,7 +172,7 @@ def sample_batch(
         row = logp[i]
         top: tuple[TopLogprob, ...] = ()
         if p.logprobs > 0:
-            vals, top_ids = torch.topk(row, min(p.logprobs, vocab))
+            vals, top_ids = torch.topk(row, min(p.logprobs, row.shape[0]))
             top = tuple(TopLogprob(token=int(t), logprob=float(v)) for t, v in zip(top_ids.tolist(), vals.tolist(), strict=True))
         out.append(Sampled(token=int(toks[i]), logprob=float(row[toks[i]]), top=top))
     return out

@@ -266,7 +266,7 @@ def workload(
     Returns:
         (arrival seconds, prompt lengths, output lengths).
     """
-    # lazy: numpy / scipy (`coral --help` lists bench without the workload)
+    # lazy: pydantic (via coral.workload): `coral --help` lists bench without loading it
     from coral.workload import LognormalLengths, load_trace_file, synthesize
     from coral.workload.lengths import Lognormal
 
