@@ -135,8 +135,10 @@ class EnginePerf(ProfilePerf):
     def transfer_s(self, model: ModelSpec, shape: Shape, src: NodeConfig, dst: NodeConfig) -> float:  # noqa: D102
         return self.host.activation.time_s(shape.tokens * model.hidden_size * self.act_bytes)
 
-    def kv_transfer_s(self, model: ModelSpec, prompt_tokens: float, src: NodeConfig, dst: NodeConfig) -> float:  # noqa: D102
-        nbytes = prompt_tokens * model.num_layers * 2 * model.num_kv_heads * model.head_dim * self.act_bytes
+    def kv_transfer_s(self, model: ModelSpec, prompt_tokens: float, src: NodeConfig, dst: NodeConfig, *,  # noqa: D102
+                      layers: int | None = None) -> float:
+        n = model.num_layers if layers is None else layers
+        nbytes = model.effective_context(prompt_tokens) * n * 2 * model.num_kv_heads * model.head_dim * self.act_bytes
         return 3 * self.host.activation.latency_s + self.host.kv.time_s(nbytes)
 
 

@@ -113,9 +113,13 @@ class PerfModel:
         nbytes = shape.tokens * model.hidden_size * self.system.activation_bytes
         return nbytes / (config.gpu.intra_node_gb_per_s * 1e9 / 2) + INTRA_HOP_S
 
-    def kv_transfer_s(self, model: ModelSpec, prompt_tokens: float, src: NodeConfig, dst: NodeConfig) -> float:
-        """One request's KV cache (`P·L·kv_l` bytes) from a prefill node to a decode node."""
-        nbytes = prompt_tokens * model.num_layers * model.kv_bytes_per_token_layer
+    def kv_transfer_s(self, model: ModelSpec, prompt_tokens: float, src: NodeConfig, dst: NodeConfig, *,
+                      layers: int | None = None) -> float:
+        """One request's KV cache from a prefill node to a decode node: `layers` (default all `L`)
+        layers of `kv_l · effective_context(P)` bytes each (a sliding-window layer holds only the
+        window's tokens: vLLM's hybrid KV manager frees the blocks outside it, so only those are sent)."""
+        n = model.num_layers if layers is None else layers
+        nbytes = n * model.kv_bytes_per_token_layer * model.effective_context(prompt_tokens)
         bw = min(src.network_bytes_per_s, dst.network_bytes_per_s)
         return nbytes / bw + self.system.network_latency_s
 

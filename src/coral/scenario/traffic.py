@@ -5,6 +5,7 @@ the history itself) is `coral.templates.planning.plan_inputs`'s, built once per 
 functions draw afresh on every call and keep nothing."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from coral.catalog.hardware import NodeConfig
@@ -53,16 +54,18 @@ def traffic_sample(scenario: Scenario, model: str, duration_s: float | None = No
                           base_dir=scenario.base_dir)[served.name]
 
 
-def length_summary(sample: Trace, quantile: float, model: str) -> LengthSummary:
+def length_summary(sample: Trace, quantile: float, model: str,
+                   kv_tokens: Callable[[float], float] | None = None) -> LengthSummary:
     """`model`'s length distribution at `quantile` (`coral.slo.component_quantile` of its target),
-    read from `sample` (a traffic sample drawn at >= 1 req/s: lengths don't depend on the rate).
+    read from `sample` (a traffic sample drawn at >= 1 req/s: lengths don't depend on the rate);
+    `kv_tokens`: the model's KV tokens per layer of a prompt (`ModelSpec.effective_context`).
 
     Raises:
         CoralError: the sample holds no request to read lengths from.
     """
     if len(sample) == 0:
         raise CoralError(f"model {model}: its workload produced no requests to size templates on; check its dataset")
-    return summarize_lengths(sample, quantile)
+    return summarize_lengths(sample, quantile, kv_tokens)
 
 
 def planner_memory(scenario: Scenario) -> float:

@@ -749,27 +749,40 @@ class _Sim:
         self._send_kv(t, rid, path, dst)
 
     def _send_kv(self, t: float, rid: int, path: tuple[_Node, ...], dst: _Instance) -> None:
-        """Each prefill stage's node sends its layers' share of the KV over the slower of its NIC
-        and the decode placement's slowest (`perf.kv_transfer_s`, node to node); a NIC carries
-        one transfer at a time, so transfers through it queue (FIFO). The KV has arrived when the
-        last share has."""
+        """Each prefill stage's node sends its layers' KV to the decode stages holding those layers
+        (a decode node keeps only its own layers' KV): one transfer per overlapping (prefill stage,
+        decode stage) pair; a decode stage of several nodes takes it on the one whose NIC frees
+        first. Each NIC is its own FIFO server: a transfer takes `perf.kv_transfer_s` at that NIC's
+        speed after what is queued on it, and has arrived when both ends have passed it (alone,
+        the slower end's time; a NIC is never held idle waiting for the other end). The KV has
+        arrived when the last share has."""
         m = self.r_model[rid]
-        dnic = min((n.nic for st in dst.stages for n in st), key=lambda x: x.speed)
         prompt = self.r_prompt[rid]
-        layers = path[0].inst.stage_layers
-        total = sum(layers)
         arrive = t
-        for node, j in zip(path, layers, strict=True):
-            snic = node.nic
-            key = (snic.cfg, dnic.cfg, m, prompt, j, total)
-            x = self._xfer_cache.get(key)
-            if x is None:
-                x = self._xfer_cache[key] = self.perf.kv_transfer_s(self.specs[m], prompt * j / total, snic.cfg,
-                                                                    dnic.cfg)  # type: ignore[arg-type]
-            start = max(t, snic.free_at, dnic.free_at)
-            snic.free_at = dnic.free_at = start + x
-            arrive = max(arrive, start + x)
+        lo = 0
+        for node, j in zip(path, path[0].inst.stage_layers, strict=True):
+            snic, hi = node.nic, lo + j
+            d_lo = 0
+            for nodes, k in zip(dst.stages, dst.stage_layers, strict=True):
+                share = min(hi, d_lo + k) - max(lo, d_lo)  # layers both stages hold
+                d_lo += k
+                if share <= 0:
+                    continue
+                dnic = min((n.nic for n in nodes), key=lambda x: x.free_at)
+                snic.free_at = max(t, snic.free_at) + self._kv_time(m, prompt, share, snic.cfg)
+                dnic.free_at = max(t, dnic.free_at) + self._kv_time(m, prompt, share, dnic.cfg)
+                arrive = max(arrive, snic.free_at, dnic.free_at)
+            lo = hi
         self.push(arrive, _KV_ARRIVE, dst, rid)
+
+    def _kv_time(self, m: int, prompt: int, layers: int, cfg: object) -> float:
+        """`layers` layers of one request's KV through a NIC of `cfg` (`perf.kv_transfer_s`, memoized)."""
+        key = (cfg, m, prompt, layers)
+        x = self._xfer_cache.get(key)
+        if x is None:
+            x = self._xfer_cache[key] = self.perf.kv_transfer_s(self.specs[m], prompt, cfg, cfg,  # type: ignore[arg-type]
+                                                                layers=layers)
+        return x
 
     def _kv_arrive(self, t: float, inst: _Instance, rid: int) -> None:
         self.r_kv[rid] = t

@@ -4,11 +4,14 @@
   `ttft_headroom · TTFT`; the rest of the TTFT is left for queueing, which the capacity model sizes.
 - **Decode** templates must make one step within `tpot_headroom · TPOT`.
 - **The KV transfer** of a request goes from its prefill instance to its decode instance, over
-  the slower NIC of the two. Where it counts depends on which instance emits the first token
-  (`KvModel.first_token`):
+  the slower NIC of the two. It is counted in *KV tokens*: a prompt of `P` tokens holds
+  `K(P) = ModelSpec.effective_context(P)` tokens in each layer (a sliding-window layer only the
+  window's: vLLM's hybrid KV manager frees the blocks outside it, so only those are sent), i.e.
+  `L · kv_l · K(P)` bytes; every KV figure below is read off the model's length sample through
+  `K` (`coral.workload.summary.LengthSummary`). Where it counts depends on which instance emits
+  the first token (`KvModel.first_token`):
   - `"prefill"` (the paper's runtime): the prefill instance emits it; the transfer delays the
-    second token, so over a request it costs `P / (D − 1)` prompt tokens of KV per output token
-    in TPOT.
+    second token, so over a request it costs `K(P) / (D − 1)` KV tokens per output token in TPOT.
   - `"decode"` (vLLM's P/D proxy): the decode instance emits it once the KV has arrived, so the
     quantile prompt's whole KV counts in TTFT.
 
@@ -22,8 +25,9 @@
 
   `auto` takes, per model, the mode where the quantile request's transfer over the scenario's
   median NIC is the smaller share of its allowance. Both phases are also capped in throughput by the KV
-  their NICs can move (`KvModel.rate_tokens`): a prefill template sends one prompt token of KV
-  per prompt token it serves, a decode template receives `E[P] / E[D]` per token it generates.
+  their NICs can move (`KvModel.rate_tokens`): a prefill template sends `E[K(P)] / E[P]` KV tokens
+  per prompt token it serves (1 without sliding layers), a decode template receives
+  `E[K(P)] / E[D]` per token it generates.
 """
 from __future__ import annotations
 
@@ -46,10 +50,11 @@ class KvModel:
     """How a model's prefill -> decode KV transfer is charged (see the module docstring)."""
 
     first_token: str  # "prefill" or "decode": the instance that emits the first token
-    bytes_per_token: float  # KV bytes of one prompt token, all layers
-    prompt_q: float  # the quantile prompt (its KV counts in TTFT in "decode" mode)
-    per_output_q: float  # the quantile of P / (D - 1) (prompt tokens per output token, "prefill" mode)
-    prompt_per_output: float  # E[P] / E[D]: KV a decode instance receives per token it generates
+    bytes_per_token: float  # KV bytes of one KV token, all layers (L * kv_l)
+    prompt_q: float  # the quantile prompt's KV tokens, K(P_q) (they count in TTFT in "decode" mode)
+    per_output_q: float  # the quantile of K(P) / (D - 1) (KV tokens per output token, "prefill" mode)
+    prompt_per_output: float  # E[K(P)] / E[D]: KV tokens a decode instance receives per token it generates
+    prompt_share: float = 1.0  # E[K(P)] / E[P]: KV tokens a prefill instance sends per prompt token
     allowance_ms: float  # what the quantile request's transfer may take of the SLO it counts in
 
     def __post_init__(self) -> None:
@@ -63,8 +68,8 @@ class KvModel:
 
     @property
     def latency_tokens(self) -> float:
-        """Prompt tokens of KV the quantile request moves within the allowance (both ends' NICs are
-        held to it): the whole quantile prompt in "decode" mode, `P/(D−1)` per output token else."""
+        """KV tokens the quantile request moves within the allowance (both ends' NICs are held to
+        it): the whole quantile prompt's in "decode" mode, `K(P)/(D−1)` per output token else."""
         return self.prompt_q if self.first_token == "decode" else self.per_output_q
 
     def allowance_in_ms(self, phase: Phase) -> float:
@@ -72,8 +77,8 @@ class KvModel:
         return self.allowance_ms if self.owner is phase else 0.0
 
     def rate_tokens(self, phase: Phase) -> float:
-        """Prompt tokens of KV per work token a `phase` template's NICs move (throughput cap)."""
-        return 1.0 if phase is Phase.PREFILL else self.prompt_per_output
+        """KV tokens per work token a `phase` template's NICs move (throughput cap)."""
+        return self.prompt_share if phase is Phase.PREFILL else self.prompt_per_output
 
 
 def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequence[NodeConfig],
@@ -86,13 +91,14 @@ def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequen
     mode = first_token
     if mode == "auto":
         nic = statistics.median(c.network_bytes_per_s for c in configs) if configs else gbps_bytes_per_s(DEFAULT_NETWORK_GBPS)
-        in_ttft = lengths.prompt_q * per_token / nic * 1e3 / (ttft_share * slo.ttft_ms)
+        in_ttft = lengths.kv_prompt_q * per_token / nic * 1e3 / (ttft_share * slo.ttft_ms)
         in_tpot = lengths.kv_per_token_q * per_token / nic * 1e3 / (tpot_share * slo.tpot_ms)
         mode = "decode" if in_ttft < in_tpot else "prefill"
     allowance = ttft_share * slo.ttft_ms if mode == "decode" else tpot_share * slo.tpot_ms
-    return KvModel(first_token=mode, bytes_per_token=per_token, prompt_q=lengths.prompt_q,
+    return KvModel(first_token=mode, bytes_per_token=per_token, prompt_q=lengths.kv_prompt_q,
                    per_output_q=lengths.kv_per_token_q,
-                   prompt_per_output=lengths.prompt_mean / max(lengths.output_mean, 1.0), allowance_ms=allowance)
+                   prompt_per_output=lengths.kv_prompt_mean / max(lengths.output_mean, 1.0),
+                   prompt_share=lengths.kv_prompt_mean / lengths.prompt_mean, allowance_ms=allowance)
 
 
 def latency_budget_ms(slo: Slo, phase: Phase, *, ttft_headroom: float, tpot_headroom: float,

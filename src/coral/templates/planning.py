@@ -106,7 +106,7 @@ def model_planning(scenario: Scenario, model: str) -> ModelPlanning:
     # the lengths need requests even at (almost) no traffic; at >= 1 req/s it is the same draw
     drawn = history if served.workload.rate_per_s >= 1.0 else traffic_sample(scenario, model, min_rate_per_s=1.0)
     quantile = component_quantile(served.slo.attainment)
-    lengths = length_summary(drawn, quantile, model)
+    lengths = length_summary(drawn, quantile, model, served.spec.effective_context)
     configs = model_configs(scenario, model)
     kv = kv_model(served.spec, lengths, served.slo, configs, planner.first_token, planner.kv_ttft_share,
                   planner.kv_tpot_share)

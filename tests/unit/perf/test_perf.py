@@ -33,6 +33,24 @@ def test_decode_is_memory_bound_at_batch_1():
         (1_711_276_032 + 1000 * 4096 + 7 * 8192 * 2) / 1555e9)
 
 
+
+def test_kv_transfer_counts_the_window_on_sliding_layers():
+    # 1xL40S: 2.5 Gbit/s = 312.5 MB/s; a transfer adds the 0.2 ms hop latency.
+    # qwen3-32b (no sliding layer): 64 layers x 2 x 8 heads x 128 x 2 B = 262,144 B per token;
+    # 1,000 tokens = 262.144 MB -> 838.8608 ms, as P·L·kv_l always was.
+    # gpt-oss-20b: 24 layers x 2 x 8 x 64 x 2 B = 2,048 B per token and layer; 12 of its layers
+    # slide over a 128-token window, so a 1,000-token prompt sends 12 x 1,000 + 12 x 128 = 13,536
+    # token-layers = 27,721,728 B -> 88.709530 ms (24,576,000 B and 78.6432 ms if every layer held
+    # the whole prompt). Half the layers (12, say a stage's share) send half of it: 44.354765 ms.
+    # Below the window nothing changes: 100 tokens = 24 x 100 x 2,048 B = 4,915,200 B -> 15.72864 ms.
+    perf = RooflinePerf()
+    cfg = CAT.config("1xL40S")
+    qwen, oss = builtin_model("qwen3-32b"), builtin_model("gpt-oss-20b")
+    assert perf.kv_transfer_s(qwen, 1000, cfg, cfg) == pytest.approx(0.8388608 + 2e-4)
+    assert perf.kv_transfer_s(oss, 1000, cfg, cfg) == pytest.approx(0.08870953 + 2e-4)
+    assert perf.kv_transfer_s(oss, 1000, cfg, cfg, layers=12) == pytest.approx(0.044354765 + 2e-4)
+    assert perf.kv_transfer_s(oss, 100, cfg, cfg) == pytest.approx(0.01572864 + 2e-4)
+
 def test_tensor_parallel_adds_allreduce():
     perf = RooflinePerf()
     m = builtin_model("qwen3-32b")

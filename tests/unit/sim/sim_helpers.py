@@ -28,7 +28,7 @@ class ConstPerf(PerfModel):
     def transfer_s(self, model, shape, src, dst):  # noqa: ANN001, ANN201
         return self.xfer_s
 
-    def kv_transfer_s(self, model, prompt_tokens, src, dst):  # noqa: ANN001, ANN201
+    def kv_transfer_s(self, model, prompt_tokens, src, dst, *, layers=None):  # noqa: ANN001, ANN201
         return self.xfer_s
 
 
