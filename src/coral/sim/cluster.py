@@ -90,9 +90,10 @@ class Node:
 
 
 class Batch:
-    """One micro-batch: a prefill pass, or a decode lane (which makes one pass per step)."""
+    """One micro-batch: a prefill pass, or a decode or colocated lane (which makes one pass per step)."""
 
-    __slots__ = ("ctx_sum", "finish_at", "inst", "key", "lane", "path", "rids", "running", "shape", "stage", "steps",
+    __slots__ = ("chunk", "ctx_sum", "finish_at", "fresh", "inst", "key", "lane", "partial", "path", "rids", "running",
+                 "shape", "stage", "steps",
                  "t0")
 
     def __init__(self, inst: Instance, lane: int) -> None:
@@ -108,6 +109,12 @@ class Batch:
         self.ctx_sum = 0
         self.finish_at: dict[int, list[int]] = {}
         self.t0 = 0.0  # when the current pass entered stage 0 (for `step_trace`)
+        # Colocated lanes only: the prefills this lane has begun and not finished (FCFS), the
+        # (request, prompt tokens) pieces of the running step's chunk, and the requests whose
+        # first piece it is.
+        self.partial: list[int] = []
+        self.chunk: list[tuple[int, int]] = []
+        self.fresh: list[int] = []
 
 
 class Instance:
@@ -115,7 +122,7 @@ class Instance:
 
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
                  "seq_cap",
-                 "region", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
+                 "chunk_tokens", "region", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
                  "state", "stop_s",
                  "weight")
 
@@ -136,6 +143,7 @@ class Instance:
         self.state = Lifecycle.STARTING
         self.retiring = False  # removed by a plan, serving until its replacements are ready
         self.token_budget = math.inf  # prefill: prompt tokens per micro-batch (set in start_instance)
+        self.chunk_tokens = t.chunk_tokens or 0  # colocated: the most prompt tokens one step carries
         self.held = 0  # requests queued, running, or whose KV is on the way here
         self.load = 0.0  # prefill: prompt tokens queued or running (the least-work router's figure)
         self.stages: list[list[Node]] = []
@@ -151,10 +159,10 @@ class Instance:
             self.stage_wrr.append(SmoothWRR([1.0] * len(st.nodes)))
             self.stage_weights.append([1.0] * len(st.nodes))
         # Micro-batches in flight, as the memory model budgets them: per node of the narrowest
-        # stage, S decode micro-batches of KV, or 2 prefill micro-batches per stage (so the next
-        # prompt batch can enter stage 0 while the last one is still in the pipeline).
+        # stage, S decode (or colocated) micro-batches of KV, or 2 prefill micro-batches per stage
+        # (so the next prompt batch can enter stage 0 while the last one is still in the pipeline).
         if lanes is None:
-            per_node = len(self.stages) if t.phase is Phase.DECODE else 2 * len(self.stages)
+            per_node = 2 * len(self.stages) if t.phase is Phase.PREFILL else len(self.stages)
             self.max_lanes = per_node * min(len(s) for s in self.stages)
         else:
             self.max_lanes = int(lanes(t))

@@ -124,6 +124,7 @@ class SimCore:
         self.r_pinst = [-1] * n
         self.r_dinst = [-1] * n
         self.r_join = [0] * n  # decode lane step at which the sequence joined
+        self.r_fed = [0] * n  # colocated: prompt tokens prefilled so far (chunk by chunk)
 
     # -- kernel ---------------------------------------------------------------------------------
     def push(self, t: float, kind: int, a: Any, b: Any = None) -> None:
@@ -154,25 +155,35 @@ class SimCore:
                     node.host = self.cpu.host(name, now)
         served = self.sc.models[inst.midx]  # type: ignore[attr-defined]
         prompt = spec.template.prompt_tokens if spec.template.prompt_tokens is not None else served.prompt_tokens_mean
-        shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, prompt),
-                      output_tokens=served.output_tokens_mean)
         # Prefill batches by tokens, as serving engines do (a max-batched-tokens budget): the
         # template's micro-batch holds b prompts of the length its latency was checked at (the
         # attainment-quantile prompt), so that many tokens: any batch within it meets that latency.
         if self.prefill_batching == "tokens":
             inst.token_budget = inst.b * max(1.0, prompt)
-        if self.continuous and inst.phase is Phase.DECODE:
+        if self.continuous and inst.phase is not Phase.PREFILL:
             inst.seq_cap = self._seq_cap(inst, served)
-        last = len(inst.stages) - 1
         for s, nodes in enumerate(inst.stages):
             if len(nodes) > 1:  # weights ∝ node throughput u/τ_k at the template's nominal shape
-                inst.stage_weights[s] = [
-                    1.0 / self.perf.node_time_s(n.cfg, self.specs[inst.midx], shape, inst.stage_layers[s],
-                                                first=s == 0, last=s == last) for n in nodes]
+                inst.stage_weights[s] = [1.0 / self._nominal_time_s(inst, s, n, prompt, served) for n in nodes]
                 inst.stage_wrr[s] = SmoothWRR(inst.stage_weights[s])
         self.instances.append(inst)
         self.push(ready_s, READY, inst)
         return inst
+
+    def _nominal_time_s(self, inst: Instance, s: int, node: Node, prompt: float, served: Any) -> float:
+        """Node `node` of stage `s` on one micro-batch of the template's nominal shape: `b` prompts
+        of `prompt` tokens (prefill), `b` sequences (decode), or, colocated, a step of `b`
+        decodes at the mean context and a whole chunk starting a prompt."""
+        spec = self.specs[inst.midx]
+        last = len(inst.stages) - 1
+        if inst.phase is Phase.COLOCATED:
+            return float(self.perf.mixed_node_time_s(
+                node.cfg, spec, layers=inst.stage_layers[s], decode_batch=inst.b,
+                decode_context=max(1.0, prompt) + served.output_tokens_mean / 2, chunk_tokens=inst.chunk_tokens,
+                chunk_context=inst.chunk_tokens / 2, first=s == 0, last=s == last))
+        shape = Shape(phase=inst.phase, batch=inst.b, prompt_tokens=max(1.0, prompt),
+                      output_tokens=served.output_tokens_mean)
+        return float(self.perf.node_time_s(node.cfg, spec, shape, inst.stage_layers[s], first=s == 0, last=s == last))
 
     def _seq_cap(self, inst: Instance, served: Any) -> int:
         """Sequences one decode lane admits under continuous batching (as vLLM does, up to
@@ -195,13 +206,18 @@ class SimCore:
         return max(inst.b, min(MAX_RUNNING_SEQS, per_lane))
 
     def _set_active(self, m: int, phase: Phase) -> None:
-        p = 0 if phase is Phase.PREFILL else 1
-        act = [i for i in self.instances if i.midx == m and i.phase is phase and i.state is Lifecycle.ACTIVE]
-        self.active[m][p] = act
-        if p == 0:
-            self.prefill_wrr[m] = SmoothWRR([i.weight for i in act]) if act else None
-        else:
+        """Refresh model `m`'s active instances that take `phase`'s requests: arrivals go to its
+        prefill and colocated instances alike (`active[m][0]`, weighted by Θ, a colocated one's
+        Θ_P), finished prefills to its decode instances (`active[m][1]`)."""
+        if phase is Phase.DECODE:
+            self.active[m][1] = [i for i in self.instances
+                                 if i.midx == m and i.phase is phase and i.state is Lifecycle.ACTIVE]
             self.decode_states[m] = {}
+            return
+        act = [i for i in self.instances
+               if i.midx == m and i.phase is not Phase.DECODE and i.state is Lifecycle.ACTIVE]
+        self.active[m][0] = act
+        self.prefill_wrr[m] = SmoothWRR([i.weight for i in act]) if act else None
 
     def _release(self, t: float, inst: Instance, n: int) -> None:
         inst.held -= n

@@ -20,11 +20,12 @@ from coral.sim.cluster import (
     Instance,
     Node,
 )
-from coral.sim.core import SimCore
+from coral.sim.colocated import ColocatedSteps
 
 
-class RequestFlow(SimCore):
-    """The event handlers that move requests: arrival, prefill, KV transfer, decode steps."""
+class RequestFlow(ColocatedSteps):
+    """The event handlers that move requests: arrival, prefill, KV transfer, decode steps (and,
+    through `ColocatedSteps`, the steps of colocated instances)."""
 
     def _ready(self, t: float, inst: Instance) -> None:
         if inst.state is not Lifecycle.STARTING:
@@ -32,7 +33,7 @@ class RequestFlow(SimCore):
         inst.state = next_state(inst.state, LifecycleEvent.READY, in_flight=inst.held)
         self._set_active(inst.midx, inst.phase)
         m = inst.midx
-        if inst.phase is Phase.PREFILL:
+        if inst.phase is not Phase.DECODE:  # prefill and colocated instances take arrivals
             pend = self.pending_prefill[m]
             while pend:
                 self._route_prefill(t, pend.popleft())
@@ -66,6 +67,10 @@ class RequestFlow(SimCore):
         inst.queue.append(rid)
         inst.held += 1
         inst.load += self.r_prompt[rid]
+        if inst.phase is Phase.COLOCATED:  # it decodes there too
+            self.r_dinst[rid] = inst.id
+            self._colo_admit(t, inst)
+            return
         if self.decode_at_arrival:
             self._assign_decode(rid, inst.region)
         self._start_prefill(t, inst)
@@ -143,9 +148,11 @@ class RequestFlow(SimCore):
         key = (node.cfg, inst.midx, s == 0, s == len(inst.stages) - 1, inst.stage_layers[s], lane.key)
         v = self._time_cache.get(key)
         if v is None:
-            spec = self.specs[inst.midx]
-            v = self.perf.node_time_s(node.cfg, spec, lane.shape, inst.stage_layers[s],
-                                      first=s == 0, last=s == len(inst.stages) - 1)
+            if inst.phase is Phase.COLOCATED:
+                v = self._mixed_time_s(node.cfg, inst, s, lane.key)
+            else:
+                v = self.perf.node_time_s(node.cfg, self.specs[inst.midx], lane.shape, inst.stage_layers[s],
+                                          first=s == 0, last=s == len(inst.stages) - 1)
             self._time_cache[key] = v
         return v
 
@@ -159,6 +166,9 @@ class RequestFlow(SimCore):
             pstart = self.r_pstart
             for rid in lane.rids:
                 pstart[rid] = t
+        elif lane.fresh and lane.stage == 0:  # a colocated step with the first chunk of these
+            for rid in lane.fresh:
+                self.r_pstart[rid] = t
         host = node.host
         if host is None:
             self.push(t + self._node_time(node, lane), FINISH, node, lane)
@@ -200,8 +210,10 @@ class RequestFlow(SimCore):
             self.push(t + x, NODE_ARRIVE, nxt, lane)
         elif inst.phase is Phase.PREFILL:
             self._prefill_done(t, node, lane)
-        else:
+        elif inst.phase is Phase.DECODE:
             self._step_done(t, lane)
+        else:
+            self._colo_step_done(t, lane)
 
     def _prefill_done(self, t: float, node: Node, lane: Batch) -> None:
         inst = lane.inst
