@@ -11,7 +11,7 @@ from sim_helpers import ConstPerf, const_template, poisson_trace
 
 from coral.perf.model import Phase, Shape
 from coral.policy import InstanceSpec
-from coral.sim import simulate
+from coral.sim import Hosts, simulate
 from coral.templates.problem import Placement, Stage
 from coral.templates.template import Template
 from coral.workload import Trace
@@ -170,3 +170,25 @@ def test_conservation_and_routing_beside_pd_instances(core) -> None:  # noqa: AN
     assert (r.decode_instance[colo] == 2).all()
     assert not (r.arrival_s[colo] > duration / 2 + 1e-9).any()  # none routed to it once dropped
     assert r.instances[2].phase == "colocated" and math.isfinite(r.instances[2].stop_s)
+
+
+def test_data_parallel_stage_and_host_model(core) -> None:  # noqa: ANN001
+    # A colocated template whose one stage has two nodes: two lanes (S · d = 1 · 2), each step on
+    # the node least work picks. On a host of 1.5 cores with a front end's per-token work, the
+    # busy nodes share the cores, so the same requests take longer than on dedicated nodes.
+    sc = dataclasses.replace(core, perf=ConstPerf(0.001))
+    model = sc.models[0].name
+    one = const_template(model, Phase.COLOCATED, layer_s=0.001, batch=8, chunk_tokens=256, tok=256.0)
+    st = dataclasses.replace(one.placement.stages[0], nodes=("1xL40S", "1xL40S"), node_index=(0, 1))
+    t = dataclasses.replace(one, nodes=("1xL40S", "1xL40S"), placement=dataclasses.replace(one.placement, stages=(st,)))
+    trace = poisson_trace(model, 30.0, 20.0, seed=5, prompt=300, output=(2, 30))
+    runs = {}
+    for name, hosts in (("dedicated", None), ("shared", Hosts.single(1.5, frontend_work=(1e-3, 1e-4)))):
+        steps: list[tuple] = []
+        r = simulate(sc, {model: trace}, [InstanceSpec(template=t, region=sc.regions[0])], keep, duration_s=40.0,
+                     epoch_s=10.0, init_s=0.0, hosts=hosts, step_trace=steps.append)
+        assert all(e.conserved for e in r.epochs)
+        assert trace.arrival_s.size == int((r.status == 3).sum())
+        assert {0, 1} == {s[2] for s in steps}  # both lanes stepped
+        runs[name] = r
+    assert np.nanmean(runs["shared"].e2e_s) > np.nanmean(runs["dedicated"].e2e_s)
