@@ -143,7 +143,9 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
             template's throughput, in the prefill's region.
         step_trace: None (default), or called at the end of every micro-batch's pass through all its
             stages with `(instance id, phase, lane, requests, tokens, start_s, end_s)` (tokens: the
-            prompts' in prefill, the context in decode): to compare with the runtime's per-step trace.
+            prompts' in prefill, the context in decode; colocated: requests are the decodes and the
+            prefills with a chunk in the step, tokens the chunk's prompt tokens plus the decodes'
+            context): to compare with the runtime's per-step trace.
         hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
             cores, a busy node running at speed `min(1, (cores - taken) / (busy nodes on the host + background))`.
 

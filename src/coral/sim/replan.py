@@ -104,7 +104,7 @@ class Replanning(SimCore):
         for m in range(len(self.models)):
             for rid in self.pending_prefill[m]:
                 self.r_status[rid] = FAILED
-                self.r_reason[rid] = "no prefill instance of the model was ever ready"
+                self.r_reason[rid] = "no prefill or colocated instance of the model was ever ready"
                 self.n_failed += 1
             for rid, _ in self.pending_decode[m]:
                 self.r_status[rid] = FAILED

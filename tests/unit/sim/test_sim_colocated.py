@@ -192,3 +192,26 @@ def test_data_parallel_stage_and_host_model(core) -> None:  # noqa: ANN001
         assert {0, 1} == {s[2] for s in steps}  # both lanes stepped
         runs[name] = r
     assert np.nanmean(runs["shared"].e2e_s) > np.nanmean(runs["dedicated"].e2e_s)
+
+
+def test_arrivals_wait_for_a_starting_colocated_instance(core) -> None:  # noqa: ANN001
+    # No instance at first; the plan at t=2 starts a colocated one, ready at t=5 (init 3 s).
+    # Requests that arrived before wait in the model's queue and are served from t=5; a second
+    # model that never gets an instance fails with the reason at the end.
+    sc = dataclasses.replace(core, perf=ConstPerf(0.001))
+    model, other = sc.models[0].name, sc.models[1].name
+    c = InstanceSpec(template=const_template(model, Phase.COLOCATED, layer_s=0.001, batch=8, chunk_tokens=256,
+                                             tok=256.0), region=sc.regions[0])
+
+    def start_at_2(now, demand, running, window):  # noqa: ANN001, ANN202
+        return [c]
+
+    traces = {model: trace_of(model, [0.5, 1.0, 6.0], [100, 100, 100], [3, 3, 3]),
+              other: trace_of(other, [0.5], [100], [3])}
+    r = simulate(sc, traces, [], start_at_2, duration_s=10.0, epoch_s=2.0, init_s=3.0)
+    mine = r.model == 0
+    assert [3, 3, 3] == r.status[mine].tolist()
+    assert (r.first_token_s[mine][:2] > 5.0).all()
+    assert r.ttft_s[mine][2] < 0.1  # the instance is up by then
+    assert [4] == r.status[~mine].tolist()
+    assert ("no prefill or colocated instance of the model was ever ready",) == tuple(np.array(r.reason)[~mine])
