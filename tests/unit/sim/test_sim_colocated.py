@@ -3,6 +3,7 @@ and against the performance model's prediction; routing and conservation beside 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -215,3 +216,19 @@ def test_arrivals_wait_for_a_starting_colocated_instance(core) -> None:  # noqa:
     assert r.ttft_s[mine][2] < 0.1  # the instance is up by then
     assert [4] == r.status[~mine].tolist()
     assert ("no prefill or colocated instance of the model was ever ready",) == tuple(np.array(r.reason)[~mine])
+
+
+def test_same_inputs_same_summary_byte_for_byte(core) -> None:  # noqa: ANN001
+    # A colocated instance beside a P/D pair under Poisson load, twice: the same summary JSON.
+    sc = dataclasses.replace(core, perf=ConstPerf(0.001))
+    model = sc.models[0].name
+    region = sc.regions[0]
+    specs = [InstanceSpec(template=const_template(model, Phase.PREFILL, layer_s=0.001, batch=4), region=region),
+             InstanceSpec(template=const_template(model, Phase.DECODE, layer_s=0.001, batch=8), region=region),
+             InstanceSpec(template=const_template(model, Phase.COLOCATED, layer_s=0.001, batch=8, chunk_tokens=128,
+                                                  tok=128.0), region=region)]
+    trace = poisson_trace(model, 25.0, 30.0, seed=11, prompt=300, output=(1, 50))
+    runs = [json.dumps(simulate(sc, {model: trace}, specs, keep, duration_s=30.0, epoch_s=10.0, init_s=0.0,
+                                seed=11).summary(timing=False), sort_keys=True) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert '"colocated"' in runs[0]
