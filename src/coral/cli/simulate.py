@@ -84,7 +84,7 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
                   f"{pre['ttft_s'].get('p50', float('nan')):.2f} / {pre['ttft_s'].get('p99', float('nan')):.2f}",
                   f"{dec['tpot_s'].get('p50', float('nan')) * 1e3:.0f} / {dec['tpot_s'].get('p99', float('nan')) * 1e3:.0f}",
                   f"{m.get('slo_attainment', float('nan')):.1%}", f"{m.get('goodput_tok_per_s', float('nan')):,.0f}",
-                  f"{pre['cost_usd_per_h'] + dec['cost_usd_per_h']:.2f}")
+                  f"{m['cost_usd_per_h']:.2f}")  # prefill + decode + colocated instances
     console.print(t)
     r = summary["requests"]
     console.print(f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['failed']} failed, {r['in_flight']} in flight; "

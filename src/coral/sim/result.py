@@ -211,6 +211,7 @@ class SimResult:
         decode.update({"tpot_s": _pcts(self.tpot_s[done]), "queue_s": _pcts(self.decode_queue_s[sel]),
                        "slo_attainment": attain[Phase.DECODE],
                        "tokens_per_s": float(self.output_tokens[done].sum()) / self.duration_s})
+        colocated = self._phase_summary(name, "colocated", hours)
         reasons: dict[str, int] = {}
         for i in np.flatnonzero(failed):
             reasons[self.reason[i]] = reasons.get(self.reason[i], 0) + 1
@@ -221,9 +222,11 @@ class SimResult:
             "slo_attainment": request_attainment(met[sel], done[sel], failed[sel]),
             "attainment_target": self.attainment_target[m],
             "goodput_tok_per_s": float(self.output_tokens[met & sel].sum()) / self.duration_s,
-            "cost_usd_per_h": prefill["cost_usd_per_h"] + decode["cost_usd_per_h"],
+            "cost_usd_per_h": prefill["cost_usd_per_h"] + decode["cost_usd_per_h"] + colocated["cost_usd_per_h"],
             "ttft_s": _pcts(ttft), "tpot_s": _pcts(self.tpot_s[done]), "e2e_s": _pcts(self.e2e_s[done]),
             "prefill": prefill, "decode": decode,
+            # instances serving both phases (chunked prefill), reported when the model had any
+            **({"colocated": colocated} if colocated["instances_started"] else {}),
         }
 
     def _epoch_summary(self, met: np.ndarray) -> list[dict[str, Any]]:

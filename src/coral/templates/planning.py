@@ -55,11 +55,14 @@ class ModelPlanning:
     kv: KvModel
     prefill_budget_ms: float  # coral.templates.budget.latency_budget_ms, the KV allowance taken
     decode_budget_ms: float
+    colocated_budget_ms: float  # TPOT times its headroom: a colocated step moves no KV
     configs: tuple[NodeConfig, ...]  # the configurations its templates may use
     history: Trace
 
     def budget_ms(self, phase: Phase) -> float:
         """The latency budget (ms) `phase` templates are held to (can be <= 0: `specs_for` says so)."""
+        if phase is Phase.COLOCATED:
+            return self.colocated_budget_ms
         return self.prefill_budget_ms if phase is Phase.PREFILL else self.decode_budget_ms
 
     def queueing_slo_s(self, phase: Phase) -> float:
@@ -111,9 +114,10 @@ def model_planning(scenario: Scenario, model: str) -> ModelPlanning:
     kv = kv_model(served.spec, lengths, served.slo, configs, planner.first_token, planner.kv_ttft_share,
                   planner.kv_tpot_share)
     budgets = {ph: latency_budget_ms(served.slo, ph, ttft_headroom=planner.ttft_headroom,
-                                     tpot_headroom=planner.tpot_headroom, kv=kv) for ph in (Phase.PREFILL, Phase.DECODE)}
+                                     tpot_headroom=planner.tpot_headroom, kv=kv) for ph in Phase}
     return ModelPlanning(model=model, slo=served.slo, quantile=quantile, lengths=lengths, kv=kv,
                          prefill_budget_ms=budgets[Phase.PREFILL], decode_budget_ms=budgets[Phase.DECODE],
+                         colocated_budget_ms=budgets[Phase.COLOCATED],
                          configs=configs, history=history)
 
 

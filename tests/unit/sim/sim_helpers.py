@@ -25,6 +25,9 @@ class ConstPerf(PerfModel):
     def stage_extra_s(self, config, model, shape, *, first, last):  # noqa: ANN001, ANN201
         return 0.0
 
+    def extra_s(self, config, model, *, tokens, rows, first, last):  # noqa: ANN001, ANN201
+        return 0.0
+
     def transfer_s(self, model, shape, src, dst):  # noqa: ANN001, ANN201
         return self.xfer_s
 
@@ -33,14 +36,18 @@ class ConstPerf(PerfModel):
 
 
 def const_template(model: str, phase: Phase, *, stages: int = 1, layers: int = 10, layer_s: float = 0.01,
-                   batch: int = 1, node: str = "1xL40S", tok: float = 100.0) -> Template:
-    """A template whose numbers match `ConstPerf(layer_s)`: `stages` stages of one node each."""
+                   batch: int = 1, node: str = "1xL40S", tok: float = 100.0, chunk_tokens: int | None = None) -> Template:
+    """A template whose numbers match `ConstPerf(layer_s)`: `stages` stages of one node each
+    (colocated: `chunk_tokens` prompt tokens a step, Θ_D = `batch` tokens a step)."""
     per = [layers // stages + (1 if s < layers % stages else 0) for s in range(stages)]
     st = tuple(Stage(nodes=(node,), node_index=(s,), layers=j, time_s=j * layer_s,
                      throughput_tok_per_s=tok * batch / (j * layer_s)) for s, j in enumerate(per))
     pl = Placement(stages=st, micro_batch=batch, throughput_tok_per_s=min(s.throughput_tok_per_s for s in st),
                    latency_s=sum(s.time_s for s in st), comm_s=0.0)
-    return Template(model=model, phase=phase, slo_ms=1e6, budget_ms=1e6, nodes=(node,) * stages, placement=pl)
+    colo = phase is Phase.COLOCATED
+    return Template(model=model, phase=phase, slo_ms=1e6, budget_ms=1e6, nodes=(node,) * stages, placement=pl,
+                    chunk_tokens=chunk_tokens if colo else None,
+                    decode_tok_per_s=pl.throughput_tok_per_s / tok if colo else None)
 
 
 def poisson_trace(name: str, rate: float, duration_s: float, seed: int, *, prompt: int = 100,

@@ -81,7 +81,7 @@ def test_conservation_at_every_epoch_and_failures_with_reason(core) -> None:  # 
                                              for t in (10, 20, 30, 40, 50, 60)]
     pm = summ["per_model"][other]
     assert pm["requests"]["failed"] == t2.num_requests
-    assert pm["failed_reasons"] == {"no prefill instance of the model was ever ready": t2.num_requests}
+    assert pm["failed_reasons"] == {"no prefill or colocated instance of the model was ever ready": t2.num_requests}
     assert summ["per_model"][model]["requests"]["in_flight"] > 0
     assert summ["requests"]["arrived"] == sum(summ["requests"][k] for k in ("finished", "failed", "in_flight"))
 
