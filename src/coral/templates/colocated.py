@@ -91,7 +91,7 @@ def realized_decode_rate(perf: PerfModel, spec: TemplateSpec,
                          configs: dict[str, NodeConfig]) -> Callable[[tuple[str, ...], Placement], float]:
     """`Θ_D` of a solved colocated placement: generated tokens/s at the mean chunk, capped by
     Little's law with `S·width` micro-batches in flight, as a decode placement's (the library's
-    `_realized_throughput`)."""
+    `coral.templates.throughput.realized_throughput`)."""
     memo: dict[tuple[str, int, int, int, int], float] = {}
 
     def node_s(name: str, batch: int, layers: int, stage: int, stages: int) -> float:
