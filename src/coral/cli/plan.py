@@ -104,6 +104,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     if mode != "auto" and (calibrate or attainment_list is not None or engine != "coral"):
         raise CoralError("--mode disagg / colocated goes with a plain plan or --verify, not with --calibrate, "
                          "--attainment or --engine vllm (those plan with --mode auto)")
+    mode = _verifiable_mode(mode, verify, as_json)
     options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
     if attainment_list is not None:
         return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
@@ -180,6 +181,23 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
                            "predicted below target: ") + ", ".join(missing))
         raise SystemExit(3)
+
+
+def _verifiable_mode(mode: str, verify: bool, quiet: bool) -> str:
+    """The mode a --verify plan is made in: one the simulator runs (`SIM_PLAN_MODE`); auto falls back
+    to it with a line on stderr, a forced mode it cannot run is an error."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    from coral.experiments.pipeline import SIM_PLAN_MODE
+
+    if not verify or SIM_PLAN_MODE == "auto" or mode == SIM_PLAN_MODE:
+        return mode
+    if mode != "auto":
+        raise CoralError(f"--verify simulates the plan, and the simulator does not run {mode} instances yet; "
+                         f"use --mode {SIM_PLAN_MODE}")
+    if not quiet:
+        err_console.print(f"--verify: planned with --mode {SIM_PLAN_MODE} (the simulator does not run colocated "
+                          "instances yet)", highlight=False, soft_wrap=True)
+    return SIM_PLAN_MODE
 
 
 def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:

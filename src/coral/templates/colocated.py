@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from coral.catalog.hardware import NodeConfig
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.templates.problem import FIRST, LAST, ONLY, Placement
-
-if TYPE_CHECKING:  # library imports this module: the spec's type only, for annotations
-    from coral.templates.library import TemplateSpec
+from coral.templates.spec import TemplateSpec
 
 POSITIONS = (FIRST, 1, LAST, ONLY)  # as problem.py numbers them: first, middle, last, only
 

@@ -3,14 +3,11 @@ rate the library records for disaggregated templates."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from coral.catalog.hardware import NodeConfig
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.templates.problem import Placement
-
-if TYPE_CHECKING:  # the library imports this module: its spec's type only, for annotations
-    from coral.templates.library import TemplateSpec
+from coral.templates.spec import TemplateSpec
 
 
 def realized_throughput(perf: PerfModel, spec: TemplateSpec,
