@@ -195,7 +195,7 @@ def test_serve_plan_on_a_short_ray_cluster_exits_2_naming_the_gpu(ray_cluster: o
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump({**PHI, "configs": ["4xL40S", "4xL4"]}))  # 4-GPU nodes only
     plan = tmp_path / "plan.json"
-    assert 0 == CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code
+    assert 0 == CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(phi_cluster(40)))
     used = {n["config"] for n in json.loads(plan.read_text())["nodes"] if n["count"]}

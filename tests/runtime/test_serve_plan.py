@@ -41,7 +41,7 @@ def test_serve_plan_starts_the_plans_instances_and_serves(tmp_path: Path) -> Non
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)])
+    r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)])
     assert r.exit_code == 0, r.output
     data = json.loads(plan.read_text())
     cluster = cluster_from_plan_file(parse_cluster(phi_cluster(40)), str(plan))
@@ -64,7 +64,7 @@ def test_serve_plan_of_another_model_exits_2(tmp_path: Path) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(phi_cluster(6)))
     r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan)])
@@ -109,7 +109,7 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
     scen.write_text(yaml.safe_dump({**PHI, "models": [{**PHI["models"][0], "workload": {
         **PHI["models"][0]["workload"], "rate_per_s": 12}}]}))  # enough traffic for several instances
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     pf = load_plan_file(plan)
     cluster = cluster_from_plan(parse_cluster(phi_cluster(40)), pf)
     assert len(cluster.instances) > 2
@@ -153,7 +153,7 @@ def test_serve_refuses_a_plan_of_another_version_or_scenario_and_remote_without_
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(phi_cluster(40)))
     ready = tmp_path / "ready.txt"

@@ -201,8 +201,9 @@ class PlanPlanner:
         want = self.capacity(seen)
         rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
         prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)
+        # disaggregated until the runtime serves colocated instances (issue 27's runtime change)
         plan = allocate(self.scenario, self.library, method=self.method, demand=rows, availability=self.availability,
-                        prev=dict(prev), options=self.options)
+                        prev=dict(prev), options=self.options, mode="disagg")
         self.last_plan, self.last_demand = plan, want
         if not plan.instances:
             log.warning("live planner: the re-plan has no instance (%s); keeping the running plan", "; ".join(plan.notes))
