@@ -104,30 +104,13 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     prev_d = _prev_dict(prev)
     if method != "coral":  # the baselines plan disaggregated serving, as the paper defines them
         inputs = replace(inputs, mode="disagg")
+    if method == "coral":
+        return _one_mode_per_model(inputs, prev_d, options, start)
     if method in ("homo", "cauchy"):
         cols = build_columns(inputs, max_nodes=1)  # single-node templates only
     else:
         cols = build_columns(inputs)
     nu_prev = prev_counts(inputs, cols, prev_d)
-    if method == "coral":
-        if not cols.groups:
-            nu = np.zeros(cols.num_cols, dtype=np.int64)
-            return build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.OPTIMAL,
-                              solve_s=time.perf_counter() - start, gap=0.0, objective=0.0,
-                              notes=("no demand",))
-        fast = _frontier_plan(inputs, cols, nu_prev, options, method=method)
-        if fast is not None:
-            return replace(fast, solve_s=time.perf_counter() - start)
-        # the time limit covers the whole call: what the columns and the fast path took is spent
-        left = max(options.time_limit_s - (time.perf_counter() - start), 0.05)
-        got = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
-        if isinstance(got, Allocated):
-            return got.plan
-        # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
-        nu = greedy_per_group(inputs, cols)
-        return build_plan(inputs, cols, nu, nu_prev, method=method, status=got.status,
-                          solve_s=time.perf_counter() - start, gap=None,
-                          notes=(*got.notes, "fallback: template-greedy plan"))
     nu = cauchy(inputs, cols) if method == "cauchy" else greedy_per_group(inputs, cols)
     plan = build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.FEASIBLE,
                       solve_s=time.perf_counter() - start, gap=None)
@@ -135,6 +118,60 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     if short:
         plan = replace(plan, notes=("ran out of nodes; served fraction: " + ", ".join(short),))
     return plan
+
+
+def _one_mode_per_model(inputs: AllocationInputs, prev_d: dict[tuple[str, str], int] | None,
+                        options: SolveOptions, start: float) -> Plan:
+    """Coral's plan, with each model served in one mode.
+
+    The ILP counts a colocated template's `Θ_P` and `Θ_D` in the same rows as the disaggregated
+    templates', so in "auto" it may give a model both kinds ("mix"). Such a plan is only sound if
+    the router sends each kind the share of the requests its capacity was sized for: a request
+    decodes where it was prefilled when that is a colocated instance, so a mix whose disaggregated
+    decode capacity is short of its prefill share (the ILP lets the colocated `Θ_D` cover it)
+    misses the TPOT on that path (measured: Qwen3-32B at 68.6 % in `coral simulate core`). The
+    least-work router balances prefill work only, so each mixed model is re-planned once forced
+    to "disagg" and once to "colocated", keeping the cheaper (the one serving more of the demand
+    first, in goodput mode), one model at a time. Each re-plan has the whole time limit.
+    """
+    plan = _coral_plan(inputs, prev_d, options, start)
+    for m in [m for m, kind in plan.model_modes().items() if kind == "mix"]:
+        tries = []
+        for forced in ("disagg", "colocated"):
+            one = replace(inputs, model_modes={**(inputs.model_modes or {}), m: forced})
+            try:
+                tries.append((one, _coral_plan(one, prev_d, options, time.perf_counter())))
+            except CoralError:
+                continue  # no template of that kind for m: the other one stands
+        if tries:
+            inputs, plan = min(tries, key=lambda ip: (-ip[1].alpha, ip[1].cost_usd_per_h))
+    return replace(plan, solve_s=time.perf_counter() - start)
+
+
+def _coral_plan(inputs: AllocationInputs, prev_d: dict[tuple[str, str], int] | None,
+                options: SolveOptions, start: float) -> Plan:
+    """The joint ILP's plan on `inputs` (no mix repair), or the greedy fallback without an incumbent."""
+    method = "coral"
+    cols = build_columns(inputs)
+    nu_prev = prev_counts(inputs, cols, prev_d)
+    if not cols.groups:
+        nu = np.zeros(cols.num_cols, dtype=np.int64)
+        return build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.OPTIMAL,
+                          solve_s=time.perf_counter() - start, gap=0.0, objective=0.0,
+                          notes=("no demand",))
+    fast = _frontier_plan(inputs, cols, nu_prev, options, method=method)
+    if fast is not None:
+        return replace(fast, solve_s=time.perf_counter() - start)
+    # the time limit covers the whole call: what the columns and the fast path took is spent
+    left = max(options.time_limit_s - (time.perf_counter() - start), 0.05)
+    got = solve_allocation(inputs, cols, nu_prev, replace(options, time_limit_s=left), method=method)
+    if isinstance(got, Allocated):
+        return got.plan
+    # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
+    nu = greedy_per_group(inputs, cols)
+    return build_plan(inputs, cols, nu, nu_prev, method=method, status=got.status,
+                      solve_s=time.perf_counter() - start, gap=None,
+                      notes=(*got.notes, "fallback: template-greedy plan"))
 
 
 def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray) -> np.ndarray:

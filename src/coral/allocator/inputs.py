@@ -53,10 +53,16 @@ class AllocationInputs:
     explain: Callable[[Group], str] | None = None  # why a group may have no template (budget, quantile, best latency)
     mode: str = "auto"  # one of MODES; `templates` holds (model, COLOCATED) groups beside the demand groups
     colocated_notes: Mapping[str, tuple[str, ...]] | None = None  # per model: the nodes it is not colocatable on
+    model_modes: Mapping[str, str] | None = None  # per model, a mode overriding `mode` (the mix repair)
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise CoralError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        for m in (self.mode, *(self.model_modes or {}).values()):
+            if m not in MODES:
+                raise CoralError(f"unknown mode {m!r}; valid: {', '.join(MODES)}")
+
+    def mode_of(self, model: str) -> str:
+        """`model`'s mode: its entry in `model_modes`, else `mode`."""
+        return (self.model_modes or {}).get(model, self.mode)
 
     @property
     def groups(self) -> tuple[Group, ...]:
@@ -474,8 +480,8 @@ def _group_tables(inputs: AllocationInputs, groups: tuple[Group, ...], *, keep: 
     primary: list[int] = []
     cross: list[int] = []
     colocated: set[str] = set()
-    if inputs.mode != "disagg":
-        for m in inputs.models:
+    for m in inputs.models:
+        if inputs.mode_of(m) != "disagg":
             pre, dec = index.get((m, Phase.PREFILL)), index.get((m, Phase.DECODE))
             table = _filtered(_table(inputs.templates.get((m, Phase.COLOCATED), ())), keep, max_nodes)
             if pre is not None and dec is not None and len(table):
@@ -484,11 +490,11 @@ def _group_tables(inputs: AllocationInputs, groups: tuple[Group, ...], *, keep: 
                 primary.append(pre)
                 cross.append(dec)
                 colocated.add(m)
-            elif inputs.mode == "colocated" and (pre is not None or dec is not None):
+            elif inputs.mode_of(m) == "colocated" and (pre is not None or dec is not None):
                 notes = "; ".join((inputs.colocated_notes or {}).get(m, ())) or "no placement meets its step and TTFT budgets"
                 raise CoralError(f"model {m} has no colocated template ({notes}); plan it with --mode auto or disagg")
     for g in groups:
-        if inputs.mode == "colocated" and g[0] in colocated:
+        if inputs.mode_of(g[0]) == "colocated" and g[0] in colocated:
             continue
         table = _filtered(_table(inputs.templates.get(g, ())), keep, max_nodes)
         if not len(table):

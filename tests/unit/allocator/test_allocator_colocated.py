@@ -1,5 +1,5 @@
-"""Colocated columns in the allocation ILP: Θ_P in the prefill row, Θ_D in the decode row, and the
-mode per model (auto never costs more than either forced mode)."""
+"""Colocated columns in the allocation ILP: Θ_P in the prefill row, Θ_D in the decode row, one mode
+per model (auto never costs more than either forced mode, and never mixes the two kinds)."""
 import itertools
 import random
 from dataclasses import replace
@@ -21,26 +21,28 @@ def scenario(prices):
     return make_scenario(["m1"], prices, {k: 100 for k in prices})
 
 
-def test_hand_instance_mix():
+def test_hand_instance_one_mode_per_model():
     # A $1/h, B $1.5/h. Disaggregated: prefill on A 100 tok/s, decode on A 50 tok/s. Colocated on
     # B: Θ_P 100, Θ_D 50. Demand: prefill 300, decode 100.
     #   disagg:    3 prefill + 2 decode on A           = 5 x $1          = $5.00
     #   colocated: max(300/100, 100/50) = 3 on B       = 3 x $1.5        = $4.50
-    #   auto:      2 colocated (200 P, 100 D) + 1 prefill = $3 + $1      = $4.00 (a mix)
+    #   a mix:     2 colocated (200 P, 100 D) + 1 prefill = $3 + $1      = $4.00, but the prefill
+    #              instance's third of the requests has no decode instance to go to: not a plan
+    #   auto:      the cheaper single mode, colocated  = $4.50
     s = scenario({("r1", "A"): 1.0, ("r1", "B"): 1.5})
     lib = make_library([make_template("m1", P, ["A"], 100.0), make_template("m1", D, ["A"], 50.0),
                         colocated("m1", ["B"], 100.0, 50.0)])
     demand = demand_of({("m1", P): 300.0, ("m1", D): 100.0}, ["m1"])
     costs = {mode: allocate(s, lib, demand=demand, mode=mode) for mode in ("disagg", "colocated", "auto")}
-    assert {"disagg": 5.0, "colocated": 4.5, "auto": 4.0} == {m: pytest.approx(p.cost_usd_per_h) for m, p in costs.items()}
-    assert {"m1": "mix"} == costs["auto"].model_modes()
+    assert {"disagg": 5.0, "colocated": 4.5, "auto": 4.5} == {m: pytest.approx(p.cost_usd_per_h) for m, p in costs.items()}
+    assert {"m1": "colocated"} == costs["auto"].model_modes()
     assert {"m1": "colocated"} == costs["colocated"].model_modes()
     # the colocated instances' Θ_D counts in the decode line
-    assert {P: 300.0, D: 100.0} == {d.phase: pytest.approx(d.capacity_tok_per_s) for d in costs["auto"].demand}
+    assert {P: 300.0, D: 150.0} == {d.phase: pytest.approx(d.capacity_tok_per_s) for d in costs["auto"].demand}
     js = costs["auto"].to_json()
-    assert [{"model": "m1", "first_token": "prefill", "mode": "mix"}] == js["models"]
+    assert [{"model": "m1", "first_token": "prefill", "mode": "colocated"}] == js["models"]
     coloc = [i for i in js["instances"] if i["phase"] == "colocated"]
-    assert [(2, 256, 50.0)] == [(i["count"], i["chunk_tokens"], i["decode_tok_per_s"]) for i in coloc]
+    assert [(3, 256, 50.0)] == [(i["count"], i["chunk_tokens"], i["decode_tok_per_s"]) for i in coloc]
 
 
 def test_baselines_stay_disaggregated():
@@ -91,6 +93,7 @@ def test_auto_is_the_cheapest_mode_against_brute_force(seed):
     got = {mode: allocate(s, lib, demand=demand_of({("m1", ph): v for ph, v in demand.items()}, ["m1"]),
                           mode=mode).cost_usd_per_h for mode in ("disagg", "colocated", "auto")}
     assert got["auto"] <= min(got["disagg"], got["colocated"]) + 1e-6
-    assert brute_force(templates, prices, demand) == pytest.approx(got["auto"])
+    # one mode per model: the cheaper of the two kinds alone
+    assert min(brute_force(templates[:2], prices, demand), brute_force(templates[2:], prices, demand)) == pytest.approx(got["auto"])
     assert brute_force(templates[:2], prices, demand) == pytest.approx(got["disagg"])
     assert brute_force(templates[2:], prices, demand) == pytest.approx(got["colocated"])
