@@ -101,10 +101,9 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
     if mode not in MODES:  # checked here, not by click.Choice: one line on stderr, exit 2
         raise CoralError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode != "auto" and (calibrate or attainment_list is not None):
-        raise CoralError("--mode disagg / colocated goes with a plain plan, --verify, --engine or --running, not "
-                         "with --calibrate or --attainment (those plan with --mode auto)")
-    mode = _verifiable_mode(mode, verify, as_json)
+    if mode != "auto" and attainment_list is not None:
+        raise CoralError("--mode disagg / colocated goes with a plain plan, --verify, --calibrate, --engine or "
+                         "--running, not with --attainment (it plans with --mode auto)")
     options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
     if attainment_list is not None:
         return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
@@ -129,7 +128,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                 + (f", capacity x{', x'.join(f'{k:.3g} {m}/{ph.value}' for (m, ph), k in step.boost.items())}"
                                    if step.boost else ""))
 
-        result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
+        result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show,
+                                       mode=mode)
     else:
         with solve_progress(time_limit_s, as_json):
             result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"),
@@ -181,23 +181,6 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
                            "predicted below target: ") + ", ".join(missing))
         raise SystemExit(3)
-
-
-def _verifiable_mode(mode: str, verify: bool, quiet: bool) -> str:
-    """The mode a --verify plan is made in: one the simulator runs (`SIM_PLAN_MODE`); auto falls back
-    to it with a line on stderr, a forced mode it cannot run is an error."""
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.experiments.pipeline import SIM_PLAN_MODE
-
-    if not verify or SIM_PLAN_MODE == "auto" or mode == SIM_PLAN_MODE:
-        return mode
-    if mode != "auto":
-        raise CoralError(f"--verify simulates the plan, and the simulator does not run {mode} instances yet; "
-                         f"use --mode {SIM_PLAN_MODE}")
-    if not quiet:
-        err_console.print(f"--verify: planned with --mode {SIM_PLAN_MODE} (the simulator does not run colocated "
-                          "instances yet)", highlight=False, soft_wrap=True)
-    return SIM_PLAN_MODE
 
 
 def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:

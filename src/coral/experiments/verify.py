@@ -11,7 +11,7 @@ from coral.allocator import Plan
 from coral.allocator.demand import capacity_targets
 from coral.atomic import write_bytes
 from coral.errors import CoralError
-from coral.experiments.pipeline import SIM_PLAN_MODE, plan_specs, prepare, scaled_scenario
+from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.experiments.pipeline import plan as solve
 from coral.perf.model import Phase
 from coral.sim import SimResult, simulate
@@ -96,10 +96,13 @@ class CalibrationStep:
 
 
 def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: float = 1.25, seed: int = 0,
-                   options: Any = None, on_step: Callable[[CalibrationStep], None] | None = None
-                   ) -> tuple[Plan, list[CalibrationStep]]:
+                   options: Any = None, on_step: Callable[[CalibrationStep], None] | None = None,
+                   mode: str = "auto") -> tuple[Plan, list[CalibrationStep]]:
     """Verify, and while a model misses its target raise the capacity of its phases that miss
     theirs (by `factor`, compounding) and re-solve; at most `iterations` re-solves.
+
+    Args:
+        mode: the serving mode each plan is made in (`coral.allocator.inputs.MODES`).
 
     Returns:
         The last plan and every step (the first is the plan as sized); the caller checks the last
@@ -108,7 +111,7 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
     if iterations < 0:
         raise CoralError(f"--iterations must be >= 0, got {iterations}")
     boost: dict[Group, float] = {}
-    current = solve(setup, method, options=options, mode=SIM_PLAN_MODE)  # it is simulated
+    current = solve(setup, method, options=options, mode=mode)
     steps: list[CalibrationStep] = []
     for it in range(iterations + 1):
         verdicts = verify_plan(setup, current, seed=seed)
@@ -125,7 +128,7 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
             boost[g] = boost.get(g, 1.0) * factor
         targets = capacity_targets(setup.scenario, boost=boost, library=setup.library)
         current = solve(setup, method, demand={g: t.capacity_tok_per_s for g, t in targets.items()}, options=options,
-                        mode=SIM_PLAN_MODE)
+                        mode=mode)
     return current, steps
 
 
