@@ -12,7 +12,7 @@ import numpy as np
 
 from coral.allocator import capacity_store
 from coral.allocator.capacity import CapacityTarget, decode_capacity, prefill_capacity
-from coral.perf.model import Phase
+from coral.perf.model import DEMAND_PHASES, Phase
 from coral.scenario.traffic import (
     component_attainment,
     length_summary,
@@ -38,7 +38,7 @@ def offered_demand(scenario: Any) -> dict[Group, float]:
         tok/s per (model name, phase), every model and both phases.
     """
     return {(m.name, ph): m.rate_per_s * (m.prompt_tokens_mean if ph is Phase.PREFILL else m.output_tokens_mean)
-            for m in scenario.models for ph in Phase}
+            for m in scenario.models for ph in DEMAND_PHASES}
 
 
 def instance_rates(scenario: Any, library: Any) -> dict[str, float]:

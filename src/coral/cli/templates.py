@@ -202,7 +202,7 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
                    n_max: int | None, cache_dir: str | None, as_json: bool) -> None:
     """The best templates by throughput per $ (homogeneous vs heterogeneous marked)."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.perf import Phase
+    from coral.perf import DEMAND_PHASES, Phase
     from coral.scenario import load_scenario
     from coral.templates.library import build_library, template_to_dict
     from coral.templates.table import rank_by_value
@@ -218,7 +218,7 @@ def templates_show(scenario_name: str, model: str | None, phase: str | None, reg
     for m in s.models:
         if models and m.name not in models:
             continue
-        for ph in ([Phase(phase)] if phase else list(Phase)):
+        for ph in ([Phase(phase)] if phase else list(DEMAND_PHASES)):
             for per_usd, cost, t in rank_by_value(lib.of(m.name, ph), prices, top):  # makes only the top ones
                 out.append({**template_to_dict(t), "region": region, "cost_usd_per_h": cost,
                             "tok_per_s_per_usd_h": per_usd, "homogeneous": t.is_homogeneous})

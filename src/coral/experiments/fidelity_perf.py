@@ -37,7 +37,7 @@ from coral.catalog.hardware import NodeConfig
 from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.experiments.fidelity_profile import HostProfile, read_host
-from coral.perf.model import PerfModel, Phase, Shape
+from coral.perf.model import DEMAND_PHASES, PerfModel, Phase, Shape
 from coral.perf.profile import ProfilePerf, load_profile_csv
 
 __all__ = ["EnginePerf", "curves_from_csv", "load_engine_perf"]
@@ -93,7 +93,7 @@ class EnginePerf(ProfilePerf):
         self.frontend_extra_s = float(frontend_extra_s)
         self.step_extra_s = float(step_extra_s)
         given = dict(scale or {})
-        self.scale: Mapping[Phase, float] = MappingProxyType({ph: float(given.get(ph, 1.0)) for ph in Phase})
+        self.scale: Mapping[Phase, float] = MappingProxyType({ph: float(given.get(ph, 1.0)) for ph in DEMAND_PHASES})
         blob = repr(sorted((k, {n: c.key() for n, c in v.items()}) for k, v in curves.items()))
         blob += repr((host.activation.latency_s, host.activation.bytes_per_s, host.kv.latency_s, host.kv.bytes_per_s))
         self.version = f"engine-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"

@@ -14,8 +14,18 @@ INTRA_HOP_S = 2e-5
 
 
 class Phase(StrEnum):
+    """What an instance serves: one phase of disaggregated serving, or both (COLOCATED: one
+    replica runs prefill chunks inside its decode steps, DESIGN §4a). `Shape` and `layer_time_s`
+    take PREFILL or DECODE only; a colocated step is timed by `PerfModel.mixed_node_time_s`."""
+
     PREFILL = "prefill"
     DECODE = "decode"
+    COLOCATED = "colocated"
+
+
+#: The two phases a model's demand is stated in (tok/s of prompt and of output): iterate over
+#: these, not over `Phase`, where "both phases" is meant. A colocated instance serves both.
+DEMAND_PHASES: tuple[Phase, Phase] = (Phase.PREFILL, Phase.DECODE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -28,6 +38,9 @@ class Shape:
     output_tokens: float
 
     def __post_init__(self) -> None:
+        if self.phase not in DEMAND_PHASES:
+            raise ValueError(f"Shape.phase must be prefill or decode, got {self.phase.value} "
+                             "(a colocated step is timed by PerfModel.mixed_node_time_s)")
         if self.batch < 1:
             raise ValueError(f"batch must be >= 1, got {self.batch}")
         if not self.prompt_tokens >= 1:
@@ -49,6 +62,14 @@ class Shape:
     def mean_context(self) -> float:
         """Mean attended context of a decode step, `P + D/2`."""
         return self.prompt_tokens + self.output_tokens / 2
+
+
+def chunk_shape(chunk_tokens: int, chunk_context: float) -> Shape:
+    """The prefill shape whose causal attention matches a chunk of `chunk_tokens` tokens at mean
+    attended context `chunk_context`: one prompt of the chunk's length when the chunk starts a
+    prompt (`chunk_context = chunk/2`); a later chunk attends further, which only the roofline's
+    mixed step counts exactly."""
+    return Shape(phase=Phase.PREFILL, batch=1, prompt_tokens=max(float(chunk_tokens), 1.0), output_tokens=0.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,16 +105,57 @@ class PerfModel:
     # -- shared ----------------------------------------------------------------------------
     def stage_extra_s(self, config: NodeConfig, model: ModelSpec, shape: Shape, *, first: bool, last: bool) -> float:
         """Embedding on the first stage; LM head (one logit row per sequence) and sampling on the last."""
+        return self.extra_s(config, model, tokens=shape.tokens, rows=shape.batch, first=first, last=last)
+
+    def extra_s(self, config: NodeConfig, model: ModelSpec, *, tokens: float, rows: float, first: bool,
+                last: bool) -> float:
+        """`stage_extra_s` for a step of `tokens` tokens that samples `rows` logit rows."""
         t = 0.0
         n = config.count
         if first:
-            t += shape.tokens * model.hidden_size * model.weight_bytes / (n * config.gpu.hbm_gb_per_s * 1e9 * self._eta_b(config))
+            t += tokens * model.hidden_size * model.weight_bytes / (n * config.gpu.hbm_gb_per_s * 1e9 * self._eta_b(config))
         if last:
-            flops = 2.0 * shape.batch * model.hidden_size * model.vocab_size
+            flops = 2.0 * rows * model.hidden_size * model.vocab_size
             t_c = flops / (n * config.gpu.bf16_tflops * 1e12 * self._eta_f(config))
             t_m = model.lm_head_bytes / (n * config.gpu.hbm_gb_per_s * 1e9 * self._eta_b(config))
             t += max(t_c, t_m) + self.system.sampling_s
         return t
+
+    def mixed_layer_time_s(self, config: NodeConfig, model: ModelSpec, *, decode_batch: int, decode_context: float,
+                           chunk_tokens: int, chunk_context: float) -> float:
+        """One layer of a mixed (chunked-prefill) step: `decode_batch` running sequences at mean
+        context `decode_context` plus `chunk_tokens` prompt tokens attending to a mean context
+        `chunk_context`. A backend that only times pure phases (a profile table) has no measure
+        of the overlap, so it charges the two parts as separate passes (weights read twice: an
+        upper bound); the roofline reads the weights once (`RooflinePerf`)."""
+        t = 0.0
+        if chunk_tokens > 0:
+            t += self.layer_time_s(config, model, chunk_shape(chunk_tokens, chunk_context))
+        if decode_batch > 0:
+            t += self.layer_time_s(config, model, Shape(phase=Phase.DECODE, batch=decode_batch,
+                                                        prompt_tokens=max(decode_context, 1.0), output_tokens=0.0))
+        return t
+
+    def mixed_node_time_s(self, config: NodeConfig, model: ModelSpec, *, layers: int, decode_batch: int,
+                          decode_context: float, chunk_tokens: int, chunk_context: float, first: bool,
+                          last: bool) -> float:
+        """One colocated step through `layers` layers on one node (seconds): the running decodes
+        plus up to `chunk_tokens` prompt tokens, as vLLM / Sarathi-Serve schedule chunked prefill.
+
+        The first stage embeds all `decode_batch + chunk_tokens` tokens; the last stage computes
+        a logit row per decode and one for the prefill the chunk may finish (an upper bound).
+
+        Raises:
+            ValueError: a negative batch or chunk, or an empty step.
+        """
+        if decode_batch < 0 or chunk_tokens < 0 or decode_batch + chunk_tokens < 1:
+            raise ValueError(f"a mixed step needs decode_batch, chunk_tokens >= 0 and one token at least, "
+                             f"got {decode_batch} and {chunk_tokens}")
+        per_layer = self.mixed_layer_time_s(config, model, decode_batch=decode_batch, decode_context=decode_context,
+                                            chunk_tokens=chunk_tokens, chunk_context=chunk_context)
+        rows = decode_batch + (1 if chunk_tokens > 0 else 0)
+        return layers * per_layer + self.extra_s(config, model, tokens=decode_batch + chunk_tokens, rows=rows,
+                                                 first=first, last=last)
 
     def _eta_f(self, config: NodeConfig) -> float:
         return 0.6

@@ -166,6 +166,51 @@ class RooflinePerf(PerfModel):
         t_memory = (nbytes / n + gemm_act) / bw
         return max(t_compute, t_memory) + elementwise / bw + self.tp_time_s(config, model, shape) + e.layer_overhead_s
 
+    def mixed_flops_bytes(self, model: ModelSpec, *, decode_batch: int, decode_context: float, chunk_tokens: int,
+                          chunk_context: float) -> tuple[float, float, float]:
+        """Chunk FLOPs, decode FLOPs and HBM bytes of one layer of a mixed step (all GPUs together).
+
+        The GEMMs run once over all `b + c` tokens, so the weights are read once per step (the
+        whole gain of mixing): FLOPs `2·A_l·(b + c)` plus attention, `4·h_q·ctx` per token (a
+        chunk token at mean context `chunk_context`, a decode at `decode_context`, each capped by
+        the window on sliding layers). Bytes: the weights the `b + c` tokens touch, the chunk's new
+        KV, the KV the chunk's prompt already holds before it (`chunk_context − c/2`, read once per
+        chunk) and the decodes' KV. At `c = 0` this is the decode layer, and at `b = 0` with
+        `chunk_context = c/2` (a whole prompt in one chunk) the prefill layer, without a window.
+        """
+        hd = model.num_heads * model.head_dim
+        kv_l = model.kv_bytes_per_token_layer
+        b, c = float(decode_batch), float(chunk_tokens)
+        d_ctx = model.effective_context(decode_context)
+        c_ctx = model.effective_context(chunk_context)
+        prior = model.effective_context(max(0.0, chunk_context - c / 2))
+        chunk_flops = 2.0 * c * model.layer_active_params + 4.0 * c * hd * c_ctx
+        decode_flops = 2.0 * b * model.layer_active_params + 4.0 * b * hd * d_ctx
+        nbytes = model.layer_touched_bytes(b + c) + (c + (prior if c > 0 else 0.0)) * kv_l + b * d_ctx * kv_l
+        return chunk_flops, decode_flops, nbytes
+
+    def mixed_layer_time_s(self, config: NodeConfig, model: ModelSpec, *, decode_batch: int, decode_context: float,
+                           chunk_tokens: int, chunk_context: float) -> float:
+        """One layer of a mixed step on the roofline (`mixed_flops_bytes`): the chunk's math at the
+        prefill FLOP efficiency and the decodes' at the decode one, against one pass over the
+        weights and KV; the chunk's GEMM activations and the elementwise passes over all tokens;
+        the TP all-reduces carry all `b + c` tokens; one launch overhead."""
+        chunk_flops, decode_flops, nbytes = self.mixed_flops_bytes(
+            model, decode_batch=decode_batch, decode_context=decode_context, chunk_tokens=chunk_tokens,
+            chunk_context=chunk_context)
+        e = self.eff(config)
+        n = config.count
+        bw = config.gpu.hbm_gb_per_s * 1e9 * e.bandwidth
+        peak = n * config.gpu.bf16_tflops * 1e12
+        t_compute = chunk_flops / (peak * e.flops) + decode_flops / (peak * (e.decode_flops or e.flops))
+        pass_bytes = model.hidden_size * self.system.activation_bytes
+        t_memory = (nbytes / n + 4.0 * chunk_tokens * pass_bytes) / bw
+        elementwise = 7.0 * (decode_batch + chunk_tokens) * pass_bytes
+        tokens = decode_batch + chunk_tokens
+        tp = self.tp_time_s(config, model, Shape(phase=Phase.DECODE, batch=max(tokens, 1), prompt_tokens=1.0,
+                                                 output_tokens=0.0))
+        return max(t_compute, t_memory) + elementwise / bw + tp + e.layer_overhead_s
+
 
 def single_gpu_roofline(model: ModelSpec, gpu: GpuType, phase: Phase, *, batch: int = 1,
                         context: float = 1024.0, compute_share: float = 0.6) -> float:

@@ -541,6 +541,7 @@ def template_to_dict(t: Template) -> dict[str, Any]:
         "prompt_tokens": t.prompt_tokens, "realized_tok_per_s": t.realized_tok_per_s,
         "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
         "comm_ms": p.comm_s * 1e3,
+        **({"decode_tok_per_s": t.decode_tok_per_s, "chunk_tokens": t.chunk_tokens} if t.phase is Phase.COLOCATED else {}),
         "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
                     "stage_time_ms": s.time_s * 1e3, "stage_time_s": s.time_s,
                     "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
@@ -555,7 +556,8 @@ def template_from_dict(d: dict[str, Any]) -> Template:
                           latency_s=d["latency_ms"] / 1e3, comm_s=d["comm_ms"] / 1e3)
     return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], budget_ms=d["budget_ms"],
                     nodes=tuple(d["nodes"]), placement=placement, prompt_tokens=d.get("prompt_tokens"),
-                    realized_tok_per_s=d.get("realized_tok_per_s"))
+                    realized_tok_per_s=d.get("realized_tok_per_s"), decode_tok_per_s=d.get("decode_tok_per_s"),
+                    chunk_tokens=None if d.get("chunk_tokens") is None else int(d["chunk_tokens"]))
 
 
 def cache_path(spec: TemplateSpec, perf: PerfModel, cache_dir: Path) -> Path:

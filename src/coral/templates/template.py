@@ -15,7 +15,13 @@ from coral.templates.problem import Placement
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Template:
-    """A model's throughput-optimal placement on one node multiset, for one phase and SLO."""
+    """A model's throughput-optimal placement on one node multiset, for one phase and SLO.
+
+    A colocated template (`phase=Phase.COLOCATED`) serves both phases in one replica with chunked
+    prefill: `throughput_tok_per_s` is then `Θ_P` (prompt tokens/s) and `decode_tok_per_s` is `Θ_D`
+    (generated tokens/s at the same time), `placement.micro_batch` the decode batch of a step, and
+    `chunk_tokens` the most prompt tokens one step carries; `budget_ms` is the step (TPOT) budget.
+    """
 
     model: str
     phase: Phase
@@ -25,6 +31,8 @@ class Template:
     placement: Placement
     prompt_tokens: float | None = None  # the prompt length the latency was checked at (None: the mean)
     realized_tok_per_s: float | None = None  # Θ on the length distribution; None: the placement's
+    decode_tok_per_s: float | None = None  # colocated only: Θ_D, generated tokens/s beside Θ_P
+    chunk_tokens: int | None = None  # colocated only: prompt tokens per step (vLLM batched tokens − decode batch)
 
     def __post_init__(self) -> None:
         if tuple(sorted(self.nodes)) != self.nodes:
@@ -35,6 +43,14 @@ class Template:
             raise ValueError(f"Template.budget_ms must be > 0, got {self.budget_ms}")
         if self.realized_tok_per_s is not None and not self.realized_tok_per_s > 0:
             raise ValueError(f"Template.realized_tok_per_s must be > 0, got {self.realized_tok_per_s}")
+        if self.phase is Phase.COLOCATED:
+            if self.decode_tok_per_s is None or not self.decode_tok_per_s > 0:
+                raise ValueError(f"a colocated Template needs decode_tok_per_s > 0, got {self.decode_tok_per_s}")
+            if self.chunk_tokens is None or self.chunk_tokens < 1:
+                raise ValueError(f"a colocated Template needs chunk_tokens >= 1, got {self.chunk_tokens}")
+        elif self.decode_tok_per_s is not None or self.chunk_tokens is not None:
+            raise ValueError(f"decode_tok_per_s and chunk_tokens are for colocated templates only, "
+                             f"not {self.phase.value}")
 
     @property
     def throughput_tok_per_s(self) -> float:
@@ -42,6 +58,14 @@ class Template:
         if self.realized_tok_per_s is not None:
             return self.realized_tok_per_s
         return self.placement.throughput_tok_per_s
+
+    def serves_tok_per_s(self, phase: Phase) -> float:
+        """What one instance counts towards the model's `phase` demand (`phase` PREFILL or DECODE):
+        `Θ` for its own phase, 0 for the other; a colocated one `Θ_P` towards prefill and `Θ_D`
+        towards decode."""
+        if self.phase is Phase.COLOCATED:
+            return self.throughput_tok_per_s if phase is Phase.PREFILL else float(self.decode_tok_per_s or 0.0)
+        return self.throughput_tok_per_s if phase is self.phase else 0.0
 
     @property
     def counts(self) -> dict[str, int]:

@@ -2,7 +2,7 @@
 import pytest
 
 from coral.catalog import builtin_catalog, builtin_model
-from coral.perf import Phase, RooflinePerf
+from coral.perf import DEMAND_PHASES, Phase, RooflinePerf
 from coral.templates.library import (
     infeasible_reason,
     single_template_spec,
@@ -46,7 +46,7 @@ def test_budget_below_the_fastest_latency_names_both():
             "(micro-batch 1)") == infeasible_reason(perf, timings, names)
 
 
-@pytest.mark.parametrize("phase", list(Phase))
+@pytest.mark.parametrize("phase", list(DEMAND_PHASES))
 def test_a_feasible_multiset_solves(phase):
     names = ["2xL40S", "2xL40S"]
     placement = solve_multiset(template_timings(RooflinePerf(), _spec(phase, names, 5000.0)), names)

@@ -28,7 +28,7 @@ from coral.allocator.demand import Forecaster
 from coral.allocator.inputs import AllocationInputs
 from coral.cache import default_cache_dir
 from coral.errors import CoralError
-from coral.perf.model import Phase
+from coral.perf.model import DEMAND_PHASES, Phase
 from coral.policy.demand import epoch_demand, epoch_forecaster
 from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, ServedModel
 from coral.runtime.deploy.lifecycle import shape_key
@@ -101,7 +101,7 @@ class AllocatorPlanner:
             want[(model, phase)] = max(observed, self.min_instances * min(t.throughput_tok_per_s for t in ts))
         models = tuple(sorted({m for m, _ in groups}))
         for m in models:  # a phase without a shape has no demand to meet here
-            for ph in Phase:
+            for ph in DEMAND_PHASES:
                 want.setdefault((m, ph), 0.0)
         inputs = AllocationInputs(
             models=models, regions=tuple(regions), configs=(LOCAL_NODE,),
