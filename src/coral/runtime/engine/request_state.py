@@ -1,4 +1,9 @@
-"""One request as its instance scheduler tracks it: where its KV is, what it feeds next, what it made."""
+"""One request as its instance scheduler tracks it: where its KV is, what it feeds next, what it made.
+
+Also the chunked-prefill rule (vLLM's ``--enable-chunked-prefill``, Sarathi-Serve): a step carries every
+running decode plus at most ``chunk_tokens`` prompt tokens, so a long prompt is fed over several steps,
+its KV built chunk by chunk, and the decodes sharing those steps are never held up by a whole prompt.
+"""
 
 from __future__ import annotations
 
@@ -30,3 +35,28 @@ class RequestState:
     admitted: int = 0  # admission order: the youngest is preempted first
     preemptions: int = 0
     first_out: TokenOut | None = None  # decode side: the first token to send once the KV is in (first_token "decode")
+    chunk: int = 0  # tokens of `pending` its next (or in-flight) step carries
+
+    @property
+    def prefilling(self) -> bool:
+        """Its next step feeds its prompt (or, recomputed, its prompt and output), not one generated token."""
+        return len(self.pending) > 1 or not self.generated
+
+    def plan_chunk(self, budget: int | None) -> int:
+        """Set :attr:`chunk` for the next step and return it.
+
+        Args:
+            budget: prompt tokens the step may still carry (None: no chunking, a prompt goes whole).
+                A decode (one generated token) is not charged: it always goes.
+
+        Returns:
+            The tokens the step carries for this request (0: it waits for the next step).
+        """
+        whole = len(self.pending)
+        self.chunk = whole if budget is None or not self.prefilling else min(whole, budget)
+        return self.chunk
+
+    @property
+    def chunk_is_partial(self) -> bool:
+        """The step carries only part of `pending`: no token comes of it (the sampled one is dropped)."""
+        return self.chunk < len(self.pending)

@@ -9,7 +9,10 @@ owns the transport and the clock, as vLLM v1's ``EngineCoreProc`` does around ``
 - **which requests to batch** (:meth:`InstanceScheduler.step`): running requests are split into
   ``micro_batches`` groups (default one per stage) so the stages work on different groups at once;
   each time a group's micro-batch comes back it is re-formed (finished requests leave, waiting ones
-  join, first come first served, within ``max_batch_requests`` / ``max_batch_tokens``);
+  join, first come first served, within ``max_batch_requests`` / ``max_batch_tokens``); with
+  ``chunk_tokens`` (chunked prefill, as vLLM and Sarathi-Serve schedule it) a step carries every
+  running decode plus at most that many prompt tokens: a long prompt is fed over several steps, its
+  KV built chunk by chunk, and only its last chunk's token is kept (:mod:`~coral.runtime.engine.request_state`);
 - **which KV blocks**: an exact mirror of every engine node's pool (:class:`KvMirror`); a request
   joins a batch only when its route has the blocks for its next step, and one whose prompt plus
   ``max_tokens`` could never fit a node is refused at submission, so an engine never runs out;
@@ -89,7 +92,8 @@ class InstanceScheduler:
         coordinator: where to register once all nodes are up ("" = nobody).
         micro_batches: groups in flight at once; 0 = number of stages.
         max_batch_requests: most requests per micro-batch.
-        max_batch_tokens: most tokens per micro-batch (a prompt counts whole).
+        max_batch_tokens: most tokens per micro-batch (a prompt, or its chunk, counts whole).
+        chunk_tokens: most prompt tokens one micro-batch carries, decodes not counted (0 = whole prompts).
         kv_timeout_s: a decode hand-off whose KV has not arrived by then fails.
         heartbeat_s: how often to heartbeat the engines and the coordinator.
         heartbeat_timeout_s: an engine node silent this long is dead (0 = never).
@@ -115,6 +119,7 @@ class InstanceScheduler:
         micro_batches: int = 0,
         max_batch_requests: int = 64,
         max_batch_tokens: int = 4096,
+        chunk_tokens: int = 0,
         kv_timeout_s: float = 30.0,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 2.0,
@@ -122,6 +127,8 @@ class InstanceScheduler:
     ) -> None:
         if not nodes:
             raise ValueError(f"instance {instance_id}: a scheduler needs at least one engine node")
+        if chunk_tokens < 0:
+            raise ValueError(f"instance {instance_id}: chunk_tokens must be >= 1 (or 0: whole prompts), got {chunk_tokens}")
         self.address = address
         self.instance_id, self.model, self.phase, self.region = instance_id, model, InstancePhase(phase), region
         self.throughput = throughput_tok_per_s
@@ -132,6 +139,8 @@ class InstanceScheduler:
         self.groups = micro_batches or self.num_stages
         self.max_batch_requests = max_batch_requests
         self.max_batch_tokens = max_batch_tokens
+        self.chunk_tokens = chunk_tokens
+        self._budget: int | None = None  # prompt tokens the group being formed may still take (None: no chunking)
         self.kv_timeout_s = kv_timeout_s
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -481,26 +490,36 @@ class InstanceScheduler:
         for g in range(self.groups):
             if self.busy[g]:
                 continue
+            self._budget = self.chunk_tokens or None
             self._reserve_members(g)
             self._fill_group(g, min(target, self.max_batch_requests))
-            if self.members[g]:
+            if any(self.reqs[rid].chunk for rid in self.members[g]):
                 self._dispatch(g)
+
+    def _plan_chunk(self, r: RequestState) -> int:
+        """The tokens ``r``'s next step carries, charged to the group's prompt-token budget."""
+        n = r.plan_chunk(self._budget)
+        if self._budget is not None and r.prefilling:
+            self._budget -= n
+        return n
 
     def _fill_group(self, g: int, size: int) -> None:
         """Waiting requests join group ``g``, first come first served, while they and their blocks fit."""
         members = self.members[g]
-        tokens = sum(len(self.reqs[rid].pending) for rid in members)
+        tokens = sum(self.reqs[rid].chunk for rid in members)
         while self.waiting and len(members) < size:
             r = self.reqs.get(self.waiting[0])
             if r is None:
                 self.waiting.popleft()
                 continue
-            if members and tokens + len(r.pending) > self.max_batch_tokens:
-                break
+            n = r.plan_chunk(self._budget)  # what it would carry; charged once it joins
+            if n == 0 or (members and tokens + n > self.max_batch_tokens):
+                break  # the step's prompt tokens are spent: it waits for the next
             route = r.route or self.nodes.pick_route()
-            end = r.position + len(r.pending)
+            end = r.position + n
             if not self.kv.fits(route, r.kv_id, end):
                 break  # first come, first served: wait for blocks (running requests finish or are preempted)
+            self._plan_chunk(r)
             self.waiting.popleft()
             r.route = route
             if not r.admitted:
@@ -510,7 +529,7 @@ class InstanceScheduler:
             if r.queue_s < 0 and r.t_arrived:
                 r.queue_s = self._now - r.t_arrived
             members.append(r.submit.request_id)
-            tokens += len(r.pending)
+            tokens += n
 
     def _reserve_members(self, g: int) -> None:
         """Reserve the next step's blocks of group ``g``'s members, preempting where a node is full."""
@@ -519,7 +538,7 @@ class InstanceScheduler:
             r = self.reqs.get(rid)
             if r is None or r.group != g:
                 continue
-            end = r.position + len(r.pending)
+            end = r.position + self._plan_chunk(r)
             while not self.kv.fits(r.route, r.kv_id, end):
                 victim = self._victim(self.kv.full_node(r.route, r.kv_id, end), busy)
                 if victim is None or victim.admitted <= r.admitted:
@@ -533,10 +552,10 @@ class InstanceScheduler:
     def _dispatch(self, g: int) -> None:
         bid = next(self._batch_ids)
         by_node: dict[str, list[BatchItem]] = {}
-        for rid in self.members[g]:
-            r = self.reqs[rid]
+        rs = [self.reqs[rid] for rid in self.members[g] if self.reqs[rid].chunk]  # chunk 0: sits this step out
+        for r in rs:
             item = BatchItem(
-                request_id=r.kv_id, position=r.position, token_ids=r.pending, hidden=None, route=r.route,
+                request_id=r.kv_id, position=r.position, token_ids=r.pending[: r.chunk], hidden=None, route=r.route,
                 temperature=r.submit.temperature, seed=r.submit.seed, step=len(r.generated),
                 sampling=r.submit.sampling, history=r.history,
             )  # fmt: skip
@@ -544,12 +563,11 @@ class InstanceScheduler:
             by_node.setdefault(r.route[0], []).append(item)
         for addr, items in by_node.items():
             self._send(addr, ForwardBatch(batch_id=bid, reply_to=self.address, items=tuple(items)))
-        self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
+        self.in_flight[bid] = (g, {r.kv_id for r in rs})
         self.busy[g] = True
         self.counters.step(sum(len(it.token_ids) for items in by_node.values() for it in items))
         if self.step_trace is not None:
-            rs = [self.reqs[rid] for rid in self.members[g]]
-            self._step_meta[bid] = (len(rs), sum(len(r.pending) for r in rs), sum(r.position + len(r.pending) for r in rs), self._now)
+            self._step_meta[bid] = (len(rs), sum(r.chunk for r in rs), sum(r.position + r.chunk for r in rs), self._now)
 
     def _on_result(self, msg: ForwardResult) -> None:
         for it in msg.items:
@@ -592,6 +610,10 @@ class InstanceScheduler:
             self._advance(r, it)
 
     def _advance(self, r: RequestState, it: TokenItem) -> None:
+        if r.chunk_is_partial:  # a prompt chunk: its KV is in, the token sampled after it is not one
+            r.position += r.chunk
+            r.pending = r.pending[r.chunk :]
+            return
         sub = r.submit
         token = it.token
         r.position += len(r.pending)
