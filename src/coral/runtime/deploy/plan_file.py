@@ -212,7 +212,8 @@ def _phase(raw: dict[str, Any], at: str) -> Phase:
 
 
 def _colocated(raw: dict[str, Any], phase: Phase, at: str) -> tuple[int | None, float | None]:
-    """A colocated instance's `chunk_tokens` (>= 1) and `decode_tok_per_s` (> 0); (None, None) for the others."""
+    """A colocated instance's `chunk_tokens` (>= 1) and `decode_tok_per_s` (> 0), its `micro_batch` (>= 1)
+    checked; (None, None) for the others."""
     if phase is not Phase.COLOCATED:
         return None, None
     chunk = _field(raw, "chunk_tokens", at)
@@ -221,6 +222,9 @@ def _colocated(raw: dict[str, Any], phase: Phase, at: str) -> tuple[int | None, 
     decode = _field(raw, "decode_tok_per_s", at)
     if isinstance(decode, bool) or not isinstance(decode, int | float) or not decode > 0:
         raise CoralError(f"{at}: field 'decode_tok_per_s' must be a number > 0, got {decode!r}; re-run `coral plan --out`")
+    batch = _field(raw, "micro_batch", at)  # its decode batch: vLLM's step budget is chunk_tokens + this
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise CoralError(f"{at}: field 'micro_batch' must be an integer >= 1, got {batch!r}; re-run `coral plan --out`")
     return chunk, float(decode)
 
 
