@@ -47,7 +47,9 @@ OUTPUT_CASES: dict[str, list[str]] = {
     "scenario-show-core": ["scenario", "show", "core"],
     "perf-prefill": ["perf", "--model", "llama-2-70b", "--node", "1xA100-40GB", "--phase", "prefill", "--batch", "1",
                      "--prompt-tokens", "1000"],
-    "plan-json": ["plan", "--scenario", "{tmp}/recorded.yaml", "--json", "--out", "{tmp}/plan.json"],
+    # the exports below read a disaggregated plan; plan-auto shows what the default mode picks
+    "plan-json": ["plan", "--scenario", "{tmp}/recorded.yaml", "--mode", "disagg", "--json", "--out", "{tmp}/plan.json"],
+    "plan-auto": ["plan", "--scenario", "{tmp}/recorded.yaml", "--out", "{tmp}/plan-auto.json"],
     "plan-running": ["plan", "--scenario", "{tmp}/recorded.yaml", "--running", "{tmp}/plan.json"],
     "export-skypilot": ["export", "--plan", "{tmp}/plan.json", "--format", "skypilot", "--out", "{tmp}/sky"],
     "export-vllm": ["export", "--plan", "{tmp}/plan.json", "--format", "vllm", "--out", "{tmp}/vllm"],
@@ -58,6 +60,7 @@ OUTPUT_CASES: dict[str, list[str]] = {
     "error-export-missing-plan": ["export", "--plan", "{tmp}/missing.json", "--format", "vllm", "--out", "{tmp}/x"],
     "error-bench-bad-rate": ["bench", "--url", "http://127.0.0.1:9", "--model", "m", "--rate", "-1"],
     "error-experiment-unknown": ["experiment", "no-such-study"],
+    "error-plan-bad-mode": ["plan", "--scenario", "{tmp}/recorded.yaml", "--mode", "both"],
 }
 
 

@@ -160,7 +160,7 @@ def test_serve_refuses_a_plan_of_another_version_or_scenario_and_remote_without_
     old["plan_version"] = 1
     (tmp_path / "old.json").write_text(json.dumps(old))
     for args, message in (
-        (["--plan", str(tmp_path / "old.json")], "plan_version 1; this Coral reads plan_version 2"),
+        (["--plan", str(tmp_path / "old.json")], "plan_version 1; this Coral reads plan_version 3"),
         (["--plan", str(plan), "--scenario", "core"], "field 'scenario' is 'servetest', but the scenario given is 'core'"),
         (["--provisioner", "remote"], "instance x has no scheduler_port"),
     ):

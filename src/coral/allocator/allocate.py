@@ -53,7 +53,8 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
              demand: Mapping[tuple[str, Phase | str], float] | None = None,
              availability: Mapping[tuple[str, str], int] | None = None,
              prev: PrevPlan | None = None, options: SolveOptions | None = None,
-             nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None) -> Plan:
+             nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None,
+             mode: str = "auto") -> Plan:
     """Plan which templates to run where, at least cost (or most goodput when nodes are short).
 
     Args:
@@ -72,6 +73,8 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
             limit) and MIP gap; default HiGHS, 60 s, gap 1e-4.
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
             the SLO, quoted in the error when a model has no template (the library may know it).
+        mode: "auto" (the ILP picks disaggregated, colocated or a mix per model), "disagg" or
+            "colocated" (every model so); the baselines always plan disaggregated.
 
     Returns:
         A `Plan`. Its status is the solver's; on a time-out or solver failure without any plan
@@ -85,7 +88,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
     if method not in METHODS:
         raise CoralError(f"unknown allocation method {method!r}; valid: {', '.join(METHODS)}")
     inputs = build_inputs(scenario, library, demand=demand, availability=availability,
-                          nearest_latency_ms=nearest_latency_ms)
+                          nearest_latency_ms=nearest_latency_ms, mode=mode)
     # the time limit is the solve's: a first run that spends it replaying the traffic for the
     # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
     plan = allocate_inputs(inputs, method=method, prev=prev, options=options)
@@ -98,6 +101,8 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     start = time.perf_counter()
     options = options or DEFAULT_OPTIONS
     prev_d = _prev_dict(prev)
+    if method != "coral":  # the baselines plan disaggregated serving, as the paper defines them
+        inputs = replace(inputs, mode="disagg")
     if method in ("homo", "cauchy"):
         cols = build_columns(inputs, max_nodes=1)  # single-node templates only
     else:
@@ -155,16 +160,26 @@ def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     blocks_with, first = np.unique(block[at_min], return_index=True)
     winner = np.full(n_blocks, -1, dtype=np.int64)
     winner[blocks_with] = at_min[first]
-    # the least cost over the blocks of higher Θ in the same group (blocks are group-major)
+    # the least cost over the blocks of higher Θ in the same table (blocks are table-major; a model's
+    # colocated templates are a table of their own: they serve two rows, so only they dominate them)
+    tables = cols.table if cols.table is not None else cols.group
     tmpl_group = np.full(n_blocks, -1, dtype=np.int64)
-    tmpl_group[cols.theta_block] = cols.group
+    tmpl_group[cols.theta_block] = tables
     before = np.full(n_blocks, np.inf)
-    for gi in range(len(cols.groups)):
+    for gi in range(int(tables.max()) + 1 if tables.size else 0):
         sel = np.flatnonzero(tmpl_group == gi)
         if sel.size > 1:
             before[sel[1:]] = np.minimum.accumulate(block_min[sel])[:-1]
     win = (winner >= 0) & (block_min < before)
     keep[winner[win]] = True
+    return _keep_colocated(cols, keep)
+
+
+def _keep_colocated(cols: Columns, keep: np.ndarray) -> np.ndarray:
+    """Keep every colocated column: it serves two rows, so a higher `Θ_P` at a lower cost does not
+    dominate it unless its `Θ_D` is higher too (a model's colocated templates are few)."""
+    if cols.cross_group is not None:
+        keep |= cols.cross_group[cols.col_t] >= 0
     return keep
 
 
@@ -172,7 +187,7 @@ def _frontier_by_sort(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarr
     """`frontier_columns` by sorting all columns (for Columns built without Θ blocks; also the
     reference the tests hold the linear pass to)."""
     theta = cols.throughput[cols.col_t]
-    grp = cols.group[cols.col_t]
+    grp = (cols.table if cols.table is not None else cols.group)[cols.col_t]
     cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
     keep = nu_prev > 0
     order = np.lexsort((-theta, cost, grp))  # by group, then cost ascending, then throughput descending
@@ -182,7 +197,7 @@ def _frontier_by_sort(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarr
         ts = t_sorted[sel]
         prior = np.concatenate([[-np.inf], np.maximum.accumulate(ts)[:-1]])
         keep[order[sel[ts > prior]]] = True
-    return keep
+    return _keep_colocated(cols, keep)
 
 
 def _frontier_plan(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, options: SolveOptions, *,

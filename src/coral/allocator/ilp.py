@@ -16,7 +16,7 @@ from coral.allocator.bounds import (
     lagrangian_cost_bound,
 )
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
-from coral.allocator.inputs import AllocationInputs, Columns
+from coral.allocator.inputs import AllocationInputs, Columns, group_capacity
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
 from coral.solver import CsrMatrix, MilpModel, SolveOptions, SolveResult, Status, solve
 
@@ -96,7 +96,8 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     Constraints:
         (C1) availability: `Σ_{j in r} U_c(τ_j)·ν_j ≤ A_r(c)` for every (r, c) with finite A;
         (C2) demand: `Σ_{j∈g} Θ_j·ν_j ≥ α·D_g` (cost mode, α given) or
-             `Σ_{j∈g} Θ_j·ν_j − D_g·α ≥ 0` (goodput mode) for every group g;
+             `Σ_{j∈g} Θ_j·ν_j − D_g·α ≥ 0` (goodput mode) for every group g, where a colocated
+             column of model m counts `Θ_P` in `(m, prefill)` and `Θ_D` in `(m, decode)`;
         (C3) start-up: `ν_j − δ_j ≤ ν^prev_j` for `j ∈ J⁺` (cost mode only);
         (C4) stop: `ν_j + ε_j ≥ ν^prev_j` for `j ∈ J⁺` (cost mode only): a replacement must save
              more than the drain overlap and the start-up together, which keeps re-planning from
@@ -119,6 +120,11 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     grp = cols.group[cols.col_t]
     penalty = cols.price * (inputs.init_s / inputs.horizon_s)
     need = np.ceil(np.maximum(cols.demand[grp], 0.0) / theta - 1e-9)
+    cross = cols.cross_group[cols.col_t] if cols.cross_group is not None else np.full(n, -1, dtype=np.int64)
+    both = np.flatnonzero(cross >= 0)  # colocated columns: Θ_P in the prefill row, Θ_D in the decode row
+    cross_theta = cols.cross_throughput[cols.col_t[both]] if cols.cross_throughput is not None else np.zeros(0)
+    if both.size:
+        need[both] = np.maximum(need[both], np.ceil(cols.demand[cross[both]] / cross_theta - 1e-9))
     ub = np.minimum(cols.ub, np.maximum(need, 0.0))
 
     running = np.flatnonzero(nu_prev > 0) if mode == "cost" else np.zeros(0, dtype=np.int64)
@@ -152,10 +158,10 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     hi_parts.append(cols.avail.reshape(-1)[rc_ids])
     next_row += rc_ids.shape[0]
 
-    # (C2) demand per group
-    row_parts.append(next_row + grp)
-    col_parts.append(np.arange(n))
-    val_parts.append(theta)
+    # (C2) demand per group; a colocated column also counts Θ_D in its model's decode row
+    row_parts += [next_row + grp, next_row + cross[both]]
+    col_parts += [np.arange(n), both]
+    val_parts += [theta, cross_theta]
     if use_alpha:
         row_parts.append(next_row + np.arange(G))
         col_parts.append(np.full(G, n + 2 * k))
@@ -224,8 +230,7 @@ def build_plan(inputs: AllocationInputs, cols: Columns, nu: np.ndarray, nu_prev:
         a = cols.avail[ri, ci]
         nodes.append(NodeUse(region=inputs.regions[ri], config=inputs.configs[ci], count=int(node_counts[ri, ci]),
                              available=None if math.isinf(a) else int(a)))
-    cap = np.zeros(len(cols.groups))
-    np.add.at(cap, cols.group[cols.col_t[nz]], cols.throughput[cols.col_t[nz]] * nu[nz])
+    cap = group_capacity(cols, nz, nu[nz])
     cap_of = {g: float(cap[i]) for i, g in enumerate(cols.groups)}
     demand = tuple(DemandLine(model=m, phase=ph, demand_tok_per_s=float(inputs.demand[(m, ph)]),
                               capacity_tok_per_s=cap_of.get((m, ph), 0.0)) for m, ph in inputs.groups)
@@ -621,6 +626,8 @@ def cost_pass(budget: SolveBudget, inputs: AllocationInputs, cols: Columns, nu_p
     none = GoodputStart(cost_lp=None, cost_form=None, cost_round=np.zeros(cols.num_cols, dtype=np.int64))
     covered = np.zeros(len(cols.groups), dtype=bool)
     covered[cols.group[cols.col_t]] = True
+    if cols.cross_group is not None:
+        covered[cols.cross_group[cols.col_t][cols.cross_group[cols.col_t] >= 0]] = True
     if not covered.all():
         # some demanded (model, phase) has no node left for any of its templates: the cost ILP is
         # infeasible on its face (and an ILP without columns would look "empty" to a solver)

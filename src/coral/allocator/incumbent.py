@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from coral.allocator.inputs import Columns
+from coral.allocator.inputs import Columns, group_capacity
 
 _TOL = 1e-9
 
@@ -21,8 +21,7 @@ def _fits(cols: Columns, cand: np.ndarray, rem: np.ndarray) -> np.ndarray:
 
 def served(cols: Columns, nu: np.ndarray) -> np.ndarray:
     """Served fraction per group, `Σ_j Θ_j ν_j / D_g` (1 where the demand is 0)."""
-    cap = np.zeros(len(cols.groups))
-    np.add.at(cap, cols.group[cols.col_t], cols.throughput[cols.col_t] * nu)
+    cap = group_capacity(cols, np.arange(cols.num_cols), nu)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(cols.demand > 0, cap / np.where(cols.demand > 0, cols.demand, 1.0), 1.0)
 
@@ -68,6 +67,7 @@ def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_
     by_group = [np.flatnonzero(grp == g) for g in range(len(cols.groups))]
     frac = served(cols, nu)
     demand = np.where(cols.demand > 0, cols.demand, np.inf)
+    cross, cross_theta = _cross(cols)
 
     def best_add(g: int, rem_: np.ndarray) -> int | None:
         cand = by_group[g]
@@ -88,6 +88,8 @@ def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_
         rem[cols.col_r[j]] -= cols.usage[cols.col_t[j]] * k
         nu[j] += k
         frac[grp[j]] += k * theta[j] / demand[grp[j]]
+        if cross[j] >= 0:  # a colocated instance serves its model's decode demand too
+            frac[cross[j]] += k * cross_theta[j] / demand[cross[j]]
 
     if seed_groups:
         pending = [g for g in range(len(cols.groups)) if np.isfinite(demand[g])]
@@ -168,8 +170,8 @@ def min_cost_incumbent(cols: Columns, nu_lp: np.ndarray, cost: np.ndarray, *, al
     np.add.at(rem, cols.col_r[nz], -(cols.usage[cols.col_t[nz]].astype(float) * nu[nz, None]))
     theta = cols.throughput[cols.col_t]
     grp = cols.group[cols.col_t]
-    cap = np.zeros(len(cols.groups))
-    np.add.at(cap, grp, theta * nu)
+    cap = group_capacity(cols, np.arange(cols.num_cols), nu)
+    cross, cross_theta = _cross(cols)
     need = alpha * cols.demand
     for g in np.flatnonzero(cap < need):
         cand = np.flatnonzero(grp == g)
@@ -183,4 +185,13 @@ def min_cost_incumbent(cols: Columns, nu_lp: np.ndarray, cost: np.ndarray, *, al
             rem[cols.col_r[j]] -= cols.usage[cols.col_t[j]]
             nu[j] += 1
             cap[g] += theta[j]
+            if cross[j] >= 0:
+                cap[cross[j]] += cross_theta[j]
     return nu
+
+
+def _cross(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: the second demand row a colocated template serves (-1: none) and its `Θ_D` there."""
+    if cols.cross_group is None or cols.cross_throughput is None:
+        return np.full(cols.num_cols, -1, dtype=np.int64), np.zeros(cols.num_cols)
+    return cols.cross_group[cols.col_t], cols.cross_throughput[cols.col_t]

@@ -21,6 +21,9 @@ from coral.templates.table import TemplateTable
 from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
 PHASES: tuple[Phase, Phase] = (Phase.PREFILL, Phase.DECODE)
+#: How a model may be served (`coral plan --mode`): "auto" lets the ILP choose per model between
+#: disaggregated templates, colocated ones or a mix; the other two force one kind for every model.
+MODES = ("auto", "disagg", "colocated")
 HORIZON_S = 3600.0  # `H`: the start-up penalty is amortized over one hour (DESIGN §4)
 
 Group = tuple[str, Phase]  # (model, phase)
@@ -49,6 +52,12 @@ class AllocationInputs:
     epoch_s: float = HORIZON_S  # the re-planning period: a stopped instance's overlap is paid within it
     nearest_latency_ms: Mapping[Group, float] | None = None
     explain: Callable[[Group], str] | None = None  # why a group may have no template (budget, quantile, best latency)
+    mode: str = "auto"  # one of MODES; `templates` holds (model, COLOCATED) groups beside the demand groups
+    colocated_notes: Mapping[str, tuple[str, ...]] | None = None  # per model: the nodes it is not colocatable on
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise CoralError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
 
     @property
     def groups(self) -> tuple[Group, ...]:
@@ -86,7 +95,8 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
                  demand: Mapping[tuple[str, Phase | str], float] | None = None,
                  availability: Mapping[tuple[str, str], int] | None = None,
                  unbounded: bool = False,
-                 nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None) -> AllocationInputs:
+                 nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None,
+                 mode: str = "auto") -> AllocationInputs:
     """Check and gather the inputs of one allocation.
 
     Args:
@@ -99,6 +109,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
         unbounded: ignore availability altogether (the abundant plan).
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
             the SLO, quoted when a model has no template.
+        mode: one of `MODES`: which template kinds the allocation may use.
 
     Raises:
         CoralError: a negative / NaN / infinite demand, price or availability (naming the
@@ -157,8 +168,12 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     if nearest_latency_ms is not None:
         near = {(k[0], _phase(k[1], "nearest_latency_ms")): float(v) for k, v in nearest_latency_ms.items()}
 
+    if mode not in MODES:
+        raise CoralError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     templates = {g: library.of(*g) for g in dem}  # as the library holds them (lazy columnar tables stay lazy)
-    return AllocationInputs(models=models, regions=regions, configs=configs, prices=prices, availability=avail,
+    templates.update({(m, Phase.COLOCATED): library.of(m, Phase.COLOCATED) for m in models})
+    notes = {st.model: st.notes for st in library.stats if st.phase is Phase.COLOCATED}
+    return AllocationInputs(mode=mode, colocated_notes=notes,models=models, regions=regions, configs=configs, prices=prices, availability=avail,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
                             epoch_s=float(scenario.planner.epoch_s),
@@ -209,8 +224,14 @@ class Columns:
     avail: np.ndarray  # (R, C) nodes, inf: unbounded, 0 where not sold
     sold: np.ndarray  # (R, C) bool
     group_start: np.ndarray | None = None  # per group, its first template's index (None: unknown)
-    theta_block: np.ndarray | None = None  # per template: rank of Θ within its group, descending,
-    # equal Θ sharing one rank, numbered across groups (group-major); see frontier_columns
+    theta_block: np.ndarray | None = None  # per template: rank of Θ within its table, descending,
+    # equal Θ sharing one rank, numbered across tables (table-major); see frontier_columns
+    # Colocated templates serve two demand rows: `group` is the model's prefill row (Θ = Θ_P) and
+    # `cross_group` its decode row, with `cross_throughput` = Θ_D (-1 and 0 for other templates).
+    cross_group: np.ndarray | None = None
+    cross_throughput: np.ndarray | None = None
+    table: np.ndarray | None = None  # per template: its table (a demand group's, or a model's colocated one)
+    table_keys: tuple[tuple[str, Phase], ...] | None = None  # per table: (model, phase), phase COLOCATED for those
 
     @property
     def num_cols(self) -> int:
@@ -223,7 +244,7 @@ class Columns:
             return None
         model, phase, nodes = parsed
         try:
-            gi = self.groups.index((model, phase))
+            gi = (self.table_keys or self.groups).index((model, phase))
         except ValueError:
             return None
         assert isinstance(self.templates, ChainedTemplates)
@@ -281,6 +302,7 @@ class _Rows(Sequence[Template]):
 
     def __init__(self, base: TemplateTable | _Rows, rows: np.ndarray) -> None:
         self.base, self.rows = base, rows
+        self.phase: Phase = base.phase
         names, usage, theta = base.arrays()
         self._arrays = (names, usage[rows], theta[rows])
 
@@ -294,6 +316,9 @@ class _Rows(Sequence[Template]):
 
     def arrays(self) -> tuple[list[str], np.ndarray, np.ndarray]:
         return self._arrays
+
+    def decode_rates(self) -> np.ndarray:
+        return self.base.decode_rates()[self.rows]
 
     def find(self, nodes: Sequence[str]) -> int | None:
         row = self.base.find(nodes)
@@ -356,20 +381,15 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         avail[i, k] = math.inf if a is None else a
 
     groups = tuple(g for g in inputs.groups if inputs.demand[g] > 0)
-    tables: list[TemplateTable | _Rows] = []
-    for g in groups:
-        table = _table(inputs.templates.get(g, ()))
-        if len(table) and max_nodes is not None:
-            table = _at_most(table, max_nodes)
-        if len(table) and keep is not None:
-            table = _Rows(table, np.flatnonzero(np.fromiter((keep(t) for t in table), dtype=bool, count=len(table))))
-        if not len(table):
-            raise _no_template(inputs, g, "no template meets the SLO" if keep is None and max_nodes is None
-                               else "no template of the kind this method uses (single-node) meets the SLO")
-        tables.append(table)
+    tables, keys, primary, cross = _group_tables(inputs, groups, keep=keep, max_nodes=max_nodes)
     lay = _layout(tables, inputs.configs)
     T = lay.num_templates
-    group = lay.group
+    group = primary[lay.group] if len(tables) else lay.group
+    cross_group = cross[lay.group] if len(tables) else lay.group
+    with_cross = cross_group >= 0
+    cross_theta = np.where(with_cross, lay.decode_throughput, 0.0)
+    extra: dict[str, Any] = {"cross_group": cross_group, "cross_throughput": cross_theta, "table": lay.group,
+                             "table_keys": keys}
     # model -> allowed region mask, per group
     allowed = np.zeros((len(groups), R), dtype=bool)
     for gi, (m, _) in enumerate(groups):
@@ -383,7 +403,7 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
                        templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
                        col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a, avail=avail, sold=sold,
-                       group_start=lay.group_start, theta_block=lay.theta_block)
+                       group_start=lay.group_start, theta_block=lay.theta_block, **extra)
     col_t, col_r, col_price, col_ub = [], [], [], []
     ent_c, ent_u, starts = lay.ent_c, lay.ent_u, lay.ent_start
     for ri in range(R):
@@ -408,6 +428,7 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
 
     runnable_groups = np.zeros(len(groups), dtype=bool)
     runnable_groups[group[col_t_a]] = True
+    runnable_groups[cross_group[col_t_a][cross_group[col_t_a] >= 0]] = True
     for bad_g in np.flatnonzero(~runnable_groups):
         g = groups[int(bad_g)]
         raise _no_template(inputs, g, f"none of its {int(np.sum(group == bad_g))} templates can run in its "
@@ -423,7 +444,76 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
     return Columns(groups=groups, demand=np.array([inputs.demand[g] for g in groups], dtype=float),
                    templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
                    col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a,
-                   avail=avail, sold=sold, group_start=lay.group_start, theta_block=lay.theta_block)
+                   avail=avail, sold=sold, group_start=lay.group_start, theta_block=lay.theta_block, **extra)
+
+
+def _filtered(table: TemplateTable | _Rows, keep: Callable[[Template], bool] | None,
+              max_nodes: int | None) -> TemplateTable | _Rows:
+    if len(table) and max_nodes is not None:
+        table = _at_most(table, max_nodes)
+    if len(table) and keep is not None:
+        table = _Rows(table, np.flatnonzero(np.fromiter((keep(t) for t in table), dtype=bool, count=len(table))))
+    return table
+
+
+def _group_tables(inputs: AllocationInputs, groups: tuple[Group, ...], *, keep: Callable[[Template], bool] | None,
+                  max_nodes: int | None) -> tuple[list[TemplateTable | _Rows], tuple[tuple[str, Phase], ...],
+                                                  np.ndarray, np.ndarray]:
+    """The template tables the columns come from, as `inputs.mode` allows: each demand group's
+    disaggregated templates ("auto", "disagg") and each model's colocated ones ("auto",
+    "colocated"; for a model with demand in both phases). Returns (tables, their (model, phase)
+    keys, per table its primary demand row, per table its second row or -1).
+
+    Raises:
+        CoralError: a demand group no allowed table covers (names the model, and for a forced
+            colocated mode the nodes it is not colocatable on).
+    """
+    index = {g: i for i, g in enumerate(groups)}
+    tables: list[TemplateTable | _Rows] = []
+    keys: list[tuple[str, Phase]] = []
+    primary: list[int] = []
+    cross: list[int] = []
+    colocated: set[str] = set()
+    if inputs.mode != "disagg":
+        for m in inputs.models:
+            pre, dec = index.get((m, Phase.PREFILL)), index.get((m, Phase.DECODE))
+            table = _filtered(_table(inputs.templates.get((m, Phase.COLOCATED), ())), keep, max_nodes)
+            if pre is not None and dec is not None and len(table):
+                tables.append(table)
+                keys.append((m, Phase.COLOCATED))
+                primary.append(pre)
+                cross.append(dec)
+                colocated.add(m)
+            elif inputs.mode == "colocated" and (pre is not None or dec is not None):
+                notes = "; ".join((inputs.colocated_notes or {}).get(m, ())) or "no placement meets its step and TTFT budgets"
+                raise CoralError(f"model {m} has no colocated template ({notes}); plan it with --mode auto or disagg")
+    for g in groups:
+        if inputs.mode == "colocated" and g[0] in colocated:
+            continue
+        table = _filtered(_table(inputs.templates.get(g, ())), keep, max_nodes)
+        if not len(table):
+            if g[0] in colocated:
+                continue  # its colocated templates serve it
+            raise _no_template(inputs, g, "no template meets the SLO" if keep is None and max_nodes is None
+                               else "no template of the kind this method uses (single-node) meets the SLO")
+        tables.append(table)
+        keys.append(g)
+        primary.append(index[g])
+        cross.append(-1)
+    return tables, tuple(keys), np.array(primary, dtype=np.int64), np.array(cross, dtype=np.int64)
+
+
+def group_capacity(cols: Columns, col_idx: np.ndarray, nu: np.ndarray) -> np.ndarray:
+    """Tokens/s per demand group that `nu[i]` instances of the columns `col_idx[i]` serve: `Θ` in
+    a template's own group, and a colocated template's `Θ_D` in its model's decode group too."""
+    cap = np.zeros(len(cols.groups))
+    t = cols.col_t[col_idx]
+    np.add.at(cap, cols.group[t], cols.throughput[t] * nu)
+    if cols.cross_group is not None and cols.cross_throughput is not None:
+        cg = cols.cross_group[t]
+        has = cg >= 0
+        np.add.at(cap, cg[has], cols.cross_throughput[t][has] * np.asarray(nu)[has])
+    return cap
 
 
 # (layout id, prices, availability, allowed regions) -> the columns built for them (4 most recent)
@@ -441,6 +531,7 @@ class _Layout:
     group: np.ndarray  # per template
     group_start: np.ndarray  # per group
     throughput: np.ndarray  # per template
+    decode_throughput: np.ndarray  # per template: Θ_D of a colocated one, 0 for the others
     usage: np.ndarray  # [template, config] int32 (the scenario's config order)
     usable: np.ndarray  # per template: every config it uses is one the scenario knows
     ent_c: np.ndarray  # per (template, config) entry with U > 0, row-major: the config
@@ -469,9 +560,10 @@ def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -
     T = int(sizes.sum())
     usage = np.zeros((T, C), dtype=np.int32)
     usable = np.ones(T, dtype=bool)
-    thetas = []
+    thetas, decodes = [], []
     lo = 0
     for t in tables:
+        decodes.append(t.decode_rates() if t.phase is Phase.COLOCATED else np.zeros(len(t)))
         names, u, theta = t.arrays()
         hi = lo + len(t)
         cols = np.array([cfg_index.get(n, -1) for n in names], dtype=np.int64)
@@ -497,8 +589,9 @@ def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -
     lay = _Layout(tables=tuple(tables), templates=ChainedTemplates(tables), group=group, theta_block=theta_block,
                   group_start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
                   throughput=throughput, usage=usage, usable=usable, ent_c=ent_c,
+                  decode_throughput=np.concatenate(decodes) if decodes else np.zeros(0),
                   ent_u=usage[ent_t, ent_c].astype(float), ent_start=ent_start)
-    for arr in (lay.group, lay.group_start, lay.throughput, lay.usage, lay.usable, lay.ent_c, lay.ent_u,
+    for arr in (lay.group, lay.group_start, lay.throughput, lay.decode_throughput, lay.usage, lay.usable, lay.ent_c, lay.ent_u,
                 lay.ent_start, lay.theta_block):
         arr.setflags(write=False)  # shared by every Columns built from these tables
     _LAYOUTS[key] = lay

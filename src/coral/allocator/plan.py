@@ -18,8 +18,11 @@ from coral.templates.template import Template
 PlanStatus = Status
 
 # The plan file's format version (`coral.runtime.deploy.plan_file` refuses others). 2: instances
-# carry micro_batch, slo_ms, budget_ms and per-stage node_index / throughput_tok_per_s.
-PLAN_JSON_VERSION = 2
+# carry micro_batch, slo_ms, budget_ms and per-stage node_index / throughput_tok_per_s. 3: colocated
+# instances (phase "colocated", chunk_tokens, decode_tok_per_s) and each model's mode.
+PLAN_JSON_VERSION = 3
+#: A model's serving mode in a plan: disaggregated pools only, colocated instances only, or both.
+MODEL_MODES = ("disagg", "colocated", "mix")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +148,13 @@ class Plan:
             out[(i.region, i.template.key)] += i.count
         return dict(out)
 
+    def model_modes(self) -> dict[str, str]:
+        """Per model with instances, how the plan serves it (one of `MODEL_MODES`)."""
+        kinds: dict[str, set[str]] = defaultdict(set)
+        for i in self.instances:
+            kinds[i.model].add("colocated" if i.phase is Phase.COLOCATED else "disagg")
+        return {m: "mix" if len(k) > 1 else next(iter(k)) for m, k in kinds.items()}
+
     def cost_by_model_phase(self) -> dict[tuple[str, Phase], float]:
         out: dict[tuple[str, Phase], float] = defaultdict(float)
         for i in self.instances:
@@ -173,7 +183,7 @@ class Plan:
             "gap": self.gap,
             "binding": [{"region": r, "config": c} for r, c in self.binding],
             "notes": list(self.notes),
-            "models": [{"model": m, "first_token": v} for m, v in self.first_token.items()],
+            "models": self._models_json(),
             "instances": [
                 {
                     "model": i.model,
@@ -186,6 +196,8 @@ class Plan:
                     "micro_batch": i.template.placement.micro_batch,
                     "slo_ms": i.template.slo_ms,
                     "budget_ms": i.template.budget_ms,
+                    **({"chunk_tokens": i.template.chunk_tokens, "decode_tok_per_s": i.template.decode_tok_per_s}
+                       if i.phase is Phase.COLOCATED else {}),
                     "stages": [{"nodes": list(s.nodes), "layers": s.layers, "node_index": list(s.node_index),
                                 "throughput_tok_per_s": s.throughput_tok_per_s}
                                for s in i.template.placement.stages],
@@ -202,3 +214,10 @@ class Plan:
             "nodes": [{"region": n.region, "config": n.config, "count": n.count, "available": n.available}
                       for n in self.nodes],
         }
+
+    def _models_json(self) -> list[dict[str, Any]]:
+        """Per model: the instance that emits its first token (disaggregated) and its mode; a model
+        without instances (no demand) has mode None."""
+        modes = self.model_modes()
+        names = list(dict.fromkeys([*self.first_token, *modes]))
+        return [{"model": m, "first_token": self.first_token.get(m), "mode": modes.get(m)} for m in names]

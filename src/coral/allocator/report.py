@@ -16,8 +16,9 @@ def _fmt(x: float | None, spec: str = ".4g") -> str:
 
 def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = None,
                 derived: Collection[tuple[str, str]] = ()) -> list[Table]:
-    """The plan as four tables: summary, nodes per region, instances, demand vs capacity and cost
-    by (model, phase). No I/O; the caller prints them.
+    """The plan as five tables: summary, nodes per region, instances, demand vs capacity and cost
+    by (model, phase), and each model's serving mode (disagg, colocated or mix) with its $/h. No
+    I/O; the caller prints them. A colocated instance's capacity counts in both phases' lines.
 
     The demand lines hold the capacity the allocator was asked for (the *capacity target*: the
     capacity that keeps the attainment target on the model's traffic, `coral.allocator.demand`);
@@ -53,8 +54,10 @@ def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = 
     for i in sorted(plan.instances, key=lambda i: (i.model, i.phase.value, i.region, i.template.nodes)):
         stages = " | ".join(f"{'+'.join(s.nodes)}:{s.layers}" for s in i.template.placement.stages)
         names = "+".join(c + ("*" if (i.region, c) in derived else "") for c in i.template.nodes)
-        inst.add_row(i.model, i.phase.value, i.region, names, stages, str(i.count),
-                     f"{i.throughput_tok_per_s:,.0f}", f"{i.price_usd_per_h:.2f}")
+        each = f"{i.throughput_tok_per_s:,.0f}"
+        if i.phase is Phase.COLOCATED:  # prompt + generated tokens/s, and its chunk
+            each = f"{each} + {i.template.decode_tok_per_s or 0:,.0f} (chunk {i.template.chunk_tokens})"
+        inst.add_row(i.model, i.phase.value, i.region, names, stages, str(i.count), each, f"{i.price_usd_per_h:.2f}")
 
     dem = Table(title="Demand vs capacity")
     cols = ("model", "phase", *(("demand tok/s",) if offered is not None else ()), "capacity target tok/s",
@@ -71,7 +74,12 @@ def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = 
             load = ("-" if o is None or d.capacity_tok_per_s <= 0 else f"{o / d.capacity_tok_per_s:.1%}",)
         dem.add_row(d.model, d.phase.value, *raw, f"{d.demand_tok_per_s:,.0f}", f"{d.capacity_tok_per_s:,.0f}",
                     f"{d.served_fraction:.1%}", *load, f"{cost.get((d.model, d.phase), 0.0):.2f}")
-    return [summary, nodes, inst, dem]
+    modes = Table(title="Serving mode per model")
+    for col in ("model", "mode", "$/h"):
+        modes.add_column(col, justify="right" if col == "$/h" else "left")
+    for m, mode in plan.model_modes().items():
+        modes.add_row(m, mode, f"{sum(c for (mm, _), c in cost.items() if mm == m):.2f}")
+    return [summary, nodes, inst, dem, modes]
 
 
 def render_plan(plan: Plan, console: Console | None = None,

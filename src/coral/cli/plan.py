@@ -72,13 +72,17 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
     "vllm: only templates vLLM can run (identical data-parallel replicas, or one engine per pipeline stage "
     "at one TP degree), every model's first token from the decode instance (vLLM's P/D proxy, so its KV "
     "transfer counts in TTFT); prints the cost of that restriction next to the unrestricted plan."))
+@click.option("--mode", default="auto", show_default=True, help=(
+    "How models are served: auto (the ILP picks per model: disaggregated prefill/decode pools, colocated "
+    "instances with chunked prefill, or a mix, whichever costs least at the attainment target), disagg or "
+    "colocated (every model so). The baselines (--method other than coral) always plan disaggregated."))
 @click.option("--running", "running_path", type=click.Path(dir_okay=False), default=None, help=(
     "Advisory mode: the plan file the fleet runs now. Plans from it (starting instances costs their "
     "init_s), prints the instances to start and drain and the $/h delta, and changes nothing."))
 @json_opt
 def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
              n_max: int | None, time_limit_s: float, gap: float, out: str | None, verify: bool, calibrate: bool,
-             iterations: int, attainment_list: str | None, plot_path: str | None, engine: str,
+             iterations: int, attainment_list: str | None, plot_path: str | None, engine: str, mode: str,
              running_path: str | None, as_json: bool) -> None:
     """Which nodes to rent where, and how to split each model across them (DESIGN §4).
 
@@ -89,11 +93,17 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     """
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.allocator import render_plan
+    from coral.allocator.inputs import MODES
 
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
     from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
 
+    if mode not in MODES:  # checked here, not by click.Choice: one line on stderr, exit 2
+        raise CoralError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode != "auto" and (calibrate or attainment_list is not None or engine != "coral"):
+        raise CoralError("--mode disagg / colocated goes with a plain plan or --verify, not with --calibrate, "
+                         "--attainment or --engine vllm (those plan with --mode auto)")
     options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
     if attainment_list is not None:
         return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
@@ -121,7 +131,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         result, steps = calibrate_plan(setup, method, iterations=iterations, options=options, on_step=show)
     else:
         with solve_progress(time_limit_s, as_json):
-            result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"))
+            result = plan(setup, method, options=options, prev=deploy.get("prev"), demand=deploy.get("demand"),
+                          mode=mode)
         _warn_time_limit(result, time_limit_s, gap)
         if verify:
             # lazy: the core loads only when the command runs (`coral --help` stays quick)

@@ -66,10 +66,10 @@ def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1
 
 
 def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase | str], float] | None = None,
-         prev: Any = None, options: SolveOptions | None = None) -> Plan:
-    """Allocate with `method` under the setup's availability."""
+         prev: Any = None, options: SolveOptions | None = None, mode: str = "auto") -> Plan:
+    """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`)."""
     return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
-                    prev=prev, options=options)
+                    prev=prev, options=options, mode=mode)
 
 
 def plan_specs(p: Plan) -> list[InstanceSpec]:

@@ -50,6 +50,7 @@ ROW_GROUP_ROWS = 4_096  # making one template reads one row group (all its colum
 COUNT = "count."  # + a configuration name: U_c(τ), the template's nodes of that configuration
 THROUGHPUT = "placement.throughput_tok_per_s"
 REALIZED = "realized_tok_per_s"  # Θ on the length distribution (Template.throughput_tok_per_s); null: the placement's
+DECODE = "decode_tok_per_s"  # Θ_D of a colocated template; null for the other phases
 _META = b"coral"
 
 
@@ -298,6 +299,15 @@ class ParquetSource:
         # a few templates without it (hand-made): their placement's (no pyarrow.compute: it loads pandas)
         realized = np.array([np.nan if v is None else v for v in col.to_pylist()], dtype=float)
         return list(self.configs), usage, np.where(np.isnan(realized), placement, realized)
+
+    def decode_rates(self) -> np.ndarray:
+        """`Θ_D` per row (`Template.decode_tok_per_s`; 0 where null: not a colocated template)."""
+        col = self.file.read(columns=[DECODE]).column(DECODE).combine_chunks()
+        if pa.types.is_null(col.type) or col.null_count == len(col):
+            return np.zeros(self.num_rows)
+        if col.null_count == 0:
+            return _numpy(col).astype(float)
+        return np.array([0.0 if v is None else v for v in col.to_pylist()], dtype=float)
 
     def rows(self, rows: Sequence[int]) -> list[Template]:
         """The templates of `rows` (sorted, distinct), reading only their row groups."""

@@ -18,6 +18,7 @@ from coral.catalog.models import ModelSpec
 from coral.errors import CoralError
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.scenario.traffic import length_summary
+from coral.templates import colocated
 from coral.templates.budget import latency_budget_ms
 from coral.templates.planning import model_kv
 from coral.templates.problem import (
@@ -34,7 +35,7 @@ from coral.templates.problem import (
 from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
 
-LIBRARY_FORMAT = "coral-templates/6"  # 6: TP-group layouts, per-entry KV caps, the KV allowance per NIC
+LIBRARY_FORMAT = "coral-templates/7"  # 7: colocated templates; 6: TP-group layouts, per-entry KV caps, KV per NIC
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
@@ -64,6 +65,11 @@ class TemplateSpec:
     kv_rate_tokens: float = 0.0
     layouts: bool = True  # split nodes into TP groups (data-parallel engines or in-node pipeline stages)
     max_entries: int = 8  # most stage entries (whole nodes or TP groups) one layout may expand to
+    # Colocated only (coral.templates.colocated): the TTFT budget, the prompt it is checked at,
+    # and E[P] / E[D], the ratio a replica serves prompt and output tokens in.
+    ttft_budget_ms: float = 0.0
+    ttft_prompt_tokens: float = 0.0
+    prompt_per_output: float = 0.0
 
     def cache_key(self, perf: PerfModel) -> str:
         payload = {
@@ -74,6 +80,7 @@ class TemplateSpec:
             "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
             "kv": [self.kv_bytes_per_token, self.kv_latency_tokens, self.kv_allowance_ms, self.kv_rate_tokens],
             "layouts": [self.layouts, self.max_entries],
+            "colocated": [self.ttft_budget_ms, self.ttft_prompt_tokens, self.prompt_per_output],
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -106,15 +113,30 @@ class _Timings:
         self.configs = {c.name: c for c in entry_configs(spec)}
         depth = max(spec.n_max, spec.max_entries)
         self.depth = depth
+        self.t_max: dict[tuple[str, int], float] = {}  # colocated: the step with the whole chunk (TPOT cap)
+        self.o_max: dict[tuple[str, int], tuple[float, float, float, float]] = {}
         for b in spec.batches:
-            shape = Shape(phase=spec.phase, batch=b, prompt_tokens=spec.prompt_tokens, output_tokens=spec.output_tokens)
-            self.u[b] = shape.work_tokens
+            if spec.phase is Phase.COLOCATED:
+                shape = colocated.memory_shape(spec, b)
+                hop = colocated.hop_shape(spec, b)
+                self.u[b] = float(b)
+            else:
+                shape = hop = Shape(phase=spec.phase, batch=b, prompt_tokens=spec.prompt_tokens,
+                                    output_tokens=spec.output_tokens)
+                self.u[b] = shape.work_tokens
             for c in self.configs.values():
-                self.t[(c.name, b)] = perf.layer_time_s(c, m, shape)
-                self.o[(c.name, b)] = tuple(  # type: ignore[assignment]
-                    perf.stage_extra_s(c, m, shape, first=p in (FIRST, ONLY), last=p in (LAST, ONLY)) for p in POSITIONS)
-                self.comm[(c.name, b)] = perf.transfer_s(m, shape, c, c)
-                self.intra[(c.name, b)] = perf.intra_transfer_s(m, shape, c)
+                if spec.phase is Phase.COLOCATED:
+                    self.t[(c.name, b)], self.o[(c.name, b)] = colocated.step_times(
+                        perf, spec, c, b, colocated.mean_chunk(spec, b))
+                    self.t_max[(c.name, b)], self.o_max[(c.name, b)] = colocated.step_times(
+                        perf, spec, c, b, colocated.chunk_tokens(spec, b))
+                else:
+                    self.t[(c.name, b)] = perf.layer_time_s(c, m, shape)
+                    self.o[(c.name, b)] = tuple(  # type: ignore[assignment]
+                        perf.stage_extra_s(c, m, shape, first=p in (FIRST, ONLY), last=p in (LAST, ONLY))
+                        for p in POSITIONS)
+                self.comm[(c.name, b)] = perf.transfer_s(m, hop, c, c)
+                self.intra[(c.name, b)] = perf.intra_transfer_s(m, hop, c)
                 for s in range(1, depth + 1):
                     self.cap[(c.name, b, s)] = tuple(  # type: ignore[assignment]
                         perf.max_layers(c, m, shape, stages=s, first=p in (FIRST, ONLY), last=p in (LAST, ONLY))
@@ -143,6 +165,9 @@ class _Timings:
 
     def _caps(self, name: str, batch: int, stages: int) -> tuple[int, int, int, int]:
         cap = self.cap[(name, batch, stages)]
+        if self.spec.phase is Phase.COLOCATED:  # every step, the whole chunk included, within the step budget
+            return decode_caps(self.t_max[(name, batch)], self.o_max[(name, batch)], cap, self.spec.budget_ms / 1e3,
+                               stages)
         if self.spec.phase is Phase.DECODE:
             return decode_caps(self.t[(name, batch)], self.o[(name, batch)], cap, self.spec.budget_ms / 1e3, stages)
         return cap
@@ -366,7 +391,11 @@ class _Solver:
     def __init__(self, perf: PerfModel, spec: TemplateSpec) -> None:
         self.perf, self.spec = perf, spec
         self.configs = {c.name: c for c in entry_configs(spec)}
-        self.realized = _realized_throughput(perf, spec)
+        if spec.phase is Phase.COLOCATED:  # Θ_P = r·Θ_D: what Template.throughput_tok_per_s holds
+            decode_rate = colocated.realized_decode_rate(perf, spec, self.configs)
+            self.realized = lambda nodes, p: spec.prompt_per_output * decode_rate(nodes, p)
+        else:
+            self.realized = _realized_throughput(perf, spec)
         self._timings: dict[float, _Timings] = {}
 
     def timings(self, budget_ms: float) -> _Timings:
@@ -480,9 +509,7 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
             for (nodes, floor), got in zip(tasks, results, strict=True):
                 if got is not None:
                     placement, theta = got
-                    found.append(Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms,
-                                          budget_ms=spec.budget_ms, nodes=nodes, placement=placement,
-                                          prompt_tokens=spec.prompt_tokens, realized_tok_per_s=theta))
+                    found.append(_template(spec, nodes, placement, theta))
                     best_sub[nodes] = theta
                 else:
                     best_sub[nodes] = floor
@@ -492,8 +519,19 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
     # Every template in `found` beats all of its proper sub-multisets (its floor), so none is
     # dominated: dropping dominated templates here would be a no-op (tests check it).
     stats = LibraryStats(model=spec.model.name, phase=spec.phase, multisets=total, memory_ok=len(candidates),
-                         solved=len(candidates), feasible=len(found), kept=len(found), wall_s=time.perf_counter() - start)
+                         solved=len(candidates), feasible=len(found), kept=len(found), wall_s=time.perf_counter() - start,
+                         notes=colocated.not_colocatable(perf, spec) if spec.phase is Phase.COLOCATED else ())
     return found, stats
+
+
+def _template(spec: TemplateSpec, nodes: tuple[str, ...], placement: Placement, theta: float) -> Template:
+    if spec.phase is Phase.COLOCATED:
+        return Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, budget_ms=spec.budget_ms,
+                        nodes=nodes, placement=placement, prompt_tokens=spec.ttft_prompt_tokens,
+                        realized_tok_per_s=theta, decode_tok_per_s=theta / spec.prompt_per_output,
+                        chunk_tokens=colocated.chunk_tokens(spec, placement.micro_batch))
+    return Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, budget_ms=spec.budget_ms,
+                    nodes=nodes, placement=placement, prompt_tokens=spec.prompt_tokens, realized_tok_per_s=theta)
 
 
 def _realized_throughput(perf: PerfModel, spec: TemplateSpec) -> Callable[[tuple[str, ...], Placement], float]:
@@ -630,7 +668,7 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
             continue
         lengths = length_summary(scenario, m.name)
         kv = model_kv(scenario, m.name)
-        for phase in phases or (Phase.PREFILL, Phase.DECODE):
+        for phase in phases or (Phase.PREFILL, Phase.DECODE, Phase.COLOCATED):
             budget = latency_budget_ms(m.slo, phase, ttft_headroom=planner.ttft_headroom,
                                        tpot_headroom=planner.tpot_headroom, kv=kv)
             if not budget > 0:
@@ -638,17 +676,24 @@ def specs_for(scenario: Any, n_max: int | None = None, rho: float | None = None,
                     f"model {m.name}: its {phase.value} budget ({m.slo_ms(phase):g} ms x headroom) leaves "
                     f"nothing once the KV allowance ({kv.allowance_ms:g} ms, planner.kv_tpot_share) is taken; "
                     "lower kv_tpot_share, raise tpot_headroom or relax the SLO")
-            batches = tuple(b for b in planner.batch_grid if phase is Phase.DECODE or b <= planner.prefill_max_batch)
+            batches = tuple(b for b in planner.batch_grid if phase is not Phase.PREFILL or b <= planner.prefill_max_batch)
             prefill = phase is Phase.PREFILL
-            out.append(TemplateSpec(
+            spec = TemplateSpec(
                 model=m.spec, phase=phase, slo_ms=m.slo_ms(phase), budget_ms=budget,
                 prompt_tokens=lengths.prompt_q if prefill else lengths.prompt_mean,
                 output_tokens=lengths.output_mean, configs=tuple(scenario.configs), n_max=n_max or planner.n_max,
                 rho=rho or planner.rho, batches=batches or (1,),
-                work_prompt_tokens=lengths.prompt_work if prefill else None,
-                lengths=tuple(sorted(lengths.key().items())),
-                kv_bytes_per_token=kv.bytes_per_token, kv_latency_tokens=kv.latency_tokens,
-                kv_allowance_ms=kv.allowance_ms, kv_rate_tokens=kv.rate_tokens(phase)))
+                work_prompt_tokens=lengths.prompt_work if phase is not Phase.DECODE else None,
+                lengths=tuple(sorted(lengths.key().items())))
+            if phase is Phase.COLOCATED:  # no KV transfer; its TTFT is checked at the quantile prompt
+                spec = dataclasses.replace(spec, ttft_budget_ms=m.slo.ttft_ms * planner.ttft_headroom,
+                                           ttft_prompt_tokens=lengths.prompt_q,
+                                           prompt_per_output=lengths.prompt_mean / max(lengths.output_mean, 1.0))
+            else:
+                spec = dataclasses.replace(spec, kv_bytes_per_token=kv.bytes_per_token,
+                                           kv_latency_tokens=kv.latency_tokens, kv_allowance_ms=kv.allowance_ms,
+                                           kv_rate_tokens=kv.rate_tokens(phase))
+            out.append(spec)
     return out
 
 

@@ -24,6 +24,8 @@ class TableSource(Protocol):
 
     def rows(self, rows: Sequence[int]) -> list[Template]: ...
 
+    def decode_rates(self) -> np.ndarray: ...
+
 
 class TemplateTable(Sequence[Template]):
     """A (model, phase)'s templates: a `Sequence[Template]` whose `len` is free and whose
@@ -40,6 +42,7 @@ class TemplateTable(Sequence[Template]):
         self._len = source.num_rows if source is not None else len(self._objects or ())
         self._memo: dict[int, Template] = {}
         self._arrays: Arrays | None = None
+        self._decode: np.ndarray | None = None
         self._hashes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def __repr__(self) -> str:
@@ -86,6 +89,17 @@ class TemplateTable(Sequence[Template]):
                 theta = np.fromiter((t.throughput_tok_per_s for t in ts), dtype=float, count=len(ts))
                 self._arrays = (names, usage, theta)
         return self._arrays
+
+    def decode_rates(self) -> np.ndarray:
+        """`Θ_D` per template (colocated templates' generated tokens/s; 0 for the other phases),
+        computed once and kept."""
+        if self._decode is None:
+            if self._source is not None:
+                self._decode = self._source.decode_rates()
+            else:
+                ts = self._objects or ()
+                self._decode = np.fromiter((t.decode_tok_per_s or 0.0 for t in ts), dtype=float, count=len(ts))
+        return self._decode
 
     def find(self, nodes: Sequence[str]) -> int | None:
         """The row of the template on exactly this node multiset, or None.

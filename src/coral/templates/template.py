@@ -128,6 +128,10 @@ class LibraryStats:
     kept: int  # left after dropping dominated templates
     wall_s: float
     cached: bool = False
+    notes: tuple[str, ...] = ()  # what the user should know (colocated: the nodes the model is not colocatable on)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "notes", tuple(self.notes))  # read back from JSON as a list
 
 
 class ChainedTemplates(Sequence[Template]):

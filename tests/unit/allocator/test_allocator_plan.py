@@ -32,7 +32,7 @@ def test_to_json_shape():
     stage = inst["stages"][0]
     assert {"nodes": stage["nodes"], "layers": stage["layers"]} == {"nodes": inst["nodes"], "layers": 32}
     assert set(stage) == {"nodes", "layers", "node_index", "throughput_tok_per_s"}
-    assert doc["plan_version"] == 2  # what coral.runtime.deploy.plan_file reads
+    assert doc["plan_version"] == 3  # what coral.runtime.deploy.plan_file reads
     assert {(d["model"], d["phase"]) for d in doc["demand"]} == {(m, p) for m in ("m1", "m2")
                                                                   for p in ("prefill", "decode")}
     assert all(set(n) == {"region", "config", "count", "available"} for n in doc["nodes"])
@@ -113,7 +113,7 @@ def test_report_renders_every_table():
     scen = make_scenario(["m1", "m2"], PRICES, AVAIL)
     plan = allocate(scen, LIB, demand=DEMAND)
     assert [t.title for t in plan_tables(plan)] == ["Plan (coral)", "Nodes per region", "Serving instances",
-                                                     "Demand vs capacity"]
+                                                     "Demand vs capacity", "Serving mode per model"]
     console = Console(record=True, width=160)
     render_plan(plan, console)
     text = console.export_text()

@@ -1,5 +1,6 @@
 """Library build: enumeration, dominance, cache."""
 import dataclasses
+import math
 
 import pytest
 
@@ -41,7 +42,7 @@ def test_enumeration_counts(core):
 
 def test_build_small_library_and_cache(core, tmp_path):
     lib = build_library(core, cache_dir=tmp_path)
-    assert len(lib.stats) == 6 and all(not s.cached for s in lib.stats)
+    assert len(lib.stats) == 9 and all(not s.cached for s in lib.stats)  # 3 models x prefill, decode, colocated
     for st in lib.stats:
         assert st.kept <= st.feasible <= st.solved <= st.memory_ok <= st.multisets
     for t in lib.templates:  # every template re-verifies against the perf model
@@ -57,9 +58,13 @@ def test_build_small_library_and_cache(core, tmp_path):
         # the latency holds against the budget derived from the SLO, which is below the SLO itself
         assert t.budget_ms == spec.budget_ms < m.slo_ms(t.phase) and t.slo_ms == m.slo_ms(t.phase)
         assert t.placement.latency_s <= t.budget_ms / 1e3 * (1 + 1e-9)
-        if t.phase is Phase.DECODE:  # steady-state cadence: S micro-batches share the slowest stage
+        if t.phase is not Phase.PREFILL:  # steady-state cadence: S micro-batches share the slowest stage
             period = len(t.placement.stages) * max(st.time_s for st in t.placement.stages)
             assert period <= t.budget_ms / 1e3 * (1 + 1e-6)
+        if t.phase is Phase.COLOCATED:  # the quantile prompt's chunks, one step budget each, fit the TTFT budget
+            steps = math.ceil(spec.ttft_prompt_tokens / t.chunk_tokens)
+            assert steps * t.budget_ms <= m.slo.ttft_ms * core.planner.ttft_headroom
+            assert t.decode_tok_per_s * spec.prompt_per_output == pytest.approx(t.throughput_tok_per_s)
     again = build_library(core, cache_dir=tmp_path)  # unchanged inputs: nothing solved
     assert all(s.cached for s in again.stats)
     assert [template_to_dict(t) for t in again.templates] == [template_to_dict(t) for t in lib.templates]
