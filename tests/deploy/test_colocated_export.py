@@ -12,9 +12,11 @@ from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.runtime.deploy.cluster_config import MIXED, parse_cluster, parse_instances
 from coral.runtime.deploy.export import control_cluster, export_skypilot, export_vllm, vllm_command
+from coral.runtime.deploy.mapping import cluster_from_plan
 from coral.runtime.deploy.plan_file import load_plan_file
 from coral.runtime.engine.model import BUILTIN_CONFIGS
 
+from .conftest import run
 from .layout_plans import COLOCATED, COLOCATED_TP2X2, DECODE, PP4, write_layout_plan
 from .test_skypilot_accepts import _check_with_skypilot
 
@@ -60,7 +62,7 @@ def test_vllm_runs_a_colocated_instance_with_chunked_prefill_and_no_kv_connector
     assert ("2", "1", "2") == (flag["--tensor-parallel-size"], flag["--pipeline-parallel-size"], flag["--data-parallel-size"])
     assert "--enable-chunked-prefill" in serve and str(512 + 4) == flag["--max-num-batched-tokens"]  # chunk + decode batch
     assert "--kv-transfer-config" not in serve and "NIXL" not in text
-    assert "colocated: serves prompts whole" in text
+    assert "colocated: runs each request's prefill and decode" in text
     ex = export_vllm(pf)
     assert not ex.skipped and [f"{inst.name}.sh"] == [n for n in ex.files if n.endswith(".sh")]
     assert "chunked prefill of at most 512 prompt tokens per step beside a decode batch of 4" in ex.files[f"{inst.name}.sh"]
@@ -97,3 +99,25 @@ def test_skypilot_accepts_the_colocated_tasks(tmp_path, data_dir):
     scenario, plan = write_layout_plan(tmp_path, [COLOCATED, COLOCATED_TP2X2])
     _check_with_skypilot(plan, json.loads(plan.read_text()), tmp_path, data_dir, "--scenario", str(scenario))
 
+
+
+def test_a_plan_forced_colocated_reads_back_exports_and_maps_to_mixed_instances(tmp_path):
+    """`coral plan --mode colocated`'s own file, not a hand-made one: the contract between planner and runtime."""
+    scenario, _ = write_layout_plan(tmp_path, [COLOCATED])  # the scenario file (phi-4 on L40S / L4)
+    plan = tmp_path / "colo.json"
+    r = run("plan", "--scenario", str(scenario), "--mode", "colocated", "--out", str(plan))
+    assert r.exit_code == 0, r.output
+    pf = load_plan_file(plan)
+    assert pf.instances and all(i.colocated and i.chunk_tokens >= 1 and i.micro_batch >= 1 for i in pf.instances)
+    ex = export_vllm(pf)  # no first_token decode needed
+    for inst in pf.instances:
+        if inst.name in dict(ex.skipped):
+            continue
+        args = _serve_args(ex.files[f"{inst.name}.sh"])
+        assert str(inst.chunk_tokens + inst.micro_batch) == args[args.index("--max-num-batched-tokens") + 1]
+    cluster = parse_cluster({"models": [{"name": "phi-4", "hf_config": {**BUILTIN_CONFIGS["tiny-llama"], "num_hidden_layers": 40}}],
+                             "instances": [{"name": "x", "model": "phi-4", "stages": [{"layers": [0, 40]}]}]})
+    specs = cluster_from_plan(cluster, pf).instances
+    assert sum(i.count for i in pf.instances) == len(specs)
+    assert all(s.phase == MIXED and s.chunk_tokens == next(i.chunk_tokens for i in pf.instances if s.name.startswith(i.name))
+               for s in specs)

@@ -454,7 +454,7 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
     # (vLLM's NixlConnector guide)
     role = {Phase.PREFILL: "prefill: the P/D proxy sends prompts here, decode instances pull the KV",
             Phase.DECODE: "decode: pulls the KV of prompts prefilled elsewhere and emits every token, the first included",
-            Phase.COLOCATED: "colocated: serves prompts whole, chunked prefill mixed into decode steps, no KV connector",
+            Phase.COLOCATED: "colocated: runs each request's prefill and decode, prompt chunks mixed into decode steps, no KV connector",
             }[inst.phase]
     kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
 
