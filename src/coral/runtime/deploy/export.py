@@ -431,6 +431,28 @@ def _vllm_servers(plan: PlanFile, inst: PlannedInstance) -> tuple[VllmServer, ..
     return vllm_layout([s.nodes for s in inst.stages], nodes=inst.nodes, hosts=inst.hosts or None, spec=spec)
 
 
+def _serve_command(inst: PlannedInstance, model_id: str, sv: VllmServer, *, port: int, k: int) -> str:
+    """One `vllm serve` line: server `k` of a machine, with its environment (GPUs, layer partition, NIXL port)."""
+    args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
+        "vllm", "serve", model_id, "--host", "0.0.0.0", "--port", str(port),
+        "--tensor-parallel-size", str(sv.tp), "--pipeline-parallel-size", str(sv.pp),
+    ]
+    if sv.dp > 1:
+        args += ["--data-parallel-size", str(sv.dp)]
+    if inst.colocated:  # vLLM's step budget counts every running decode's token beside the prompt chunk
+        args += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(int(inst.chunk_tokens or 0) + inst.micro_batch)]
+    else:
+        args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))]
+    if len(sv.hosts) > 1:
+        args += ["--distributed-executor-backend", "ray"]
+    env = [] if inst.colocated else [f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + 100 * k}"]
+    if sv.pp > 1:
+        env.insert(0, "VLLM_PP_LAYER_PARTITION=" + ",".join(str(s.layers) for s in inst.stages))
+    if len(sv.hosts) == 1:  # its own GPUs of the machine (a whole node: all of them)
+        env.insert(0, "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, sv.gpus)))
+    return " ".join([*env, *(shlex.quote(a) for a in args)])
+
+
 def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> str:
     """The shell lines that start one replica of `inst` under vLLM: one `vllm serve` per server of its layout
     (:func:`coral.runtime.deploy.vllm.vllm_layout`), on the machine it names; Ray across a pipeline's machines.
@@ -456,27 +478,9 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
             Phase.DECODE: "decode: pulls the KV of prompts prefilled elsewhere and emits every token, the first included",
             Phase.COLOCATED: "colocated: runs each request's prefill and decode, prompt chunks mixed into decode steps, no KV connector",
             }[inst.phase]
-    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
 
     def command(sv: VllmServer, k: int) -> str:
-        args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
-            "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port + 100 * k),
-            "--tensor-parallel-size", str(sv.tp), "--pipeline-parallel-size", str(sv.pp),
-        ]
-        if sv.dp > 1:
-            args += ["--data-parallel-size", str(sv.dp)]
-        if inst.colocated:  # vLLM's step budget counts every running decode's token beside the prompt chunk
-            args += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(int(inst.chunk_tokens or 0) + inst.micro_batch)]
-        else:
-            args += ["--kv-transfer-config", kv]
-        if len(sv.hosts) > 1:
-            args += ["--distributed-executor-backend", "ray"]
-        env = [] if inst.colocated else [f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + 100 * k}"]
-        if sv.pp > 1:
-            env.insert(0, f"VLLM_PP_LAYER_PARTITION={partition}")
-        if len(sv.hosts) == 1:  # its own GPUs of the machine (a whole node: all of them)
-            env.insert(0, "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, sv.gpus)))
-        return " ".join([*env, *(shlex.quote(a) for a in args)])
+        return _serve_command(inst, _hf_id(served.spec.name), sv, port=port + 100 * k, k=k)
 
     layout = "; ".join(f"machine {sv.host}: GPUs {','.join(map(str, sv.gpus))} TP {sv.tp} x PP {sv.pp} x DP {sv.dp}"
                        for sv in servers)
