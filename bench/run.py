@@ -3,6 +3,8 @@
 Sections (each can be picked with --only): calibration (perf model vs Helix's measurements),
 exact (exact search vs the placement ILP on the same seeded cases), library (template library
 build time and peak memory), allocator (plan solve time and cost ratios on the real libraries),
+modes (the plan's $/h disaggregated only, colocated only and auto, on core, extended and their
+skew variants; --quick: core only),
 slo (simulated attainment against each model's target, the simulated bill against the plan's, the
 router's effect), planner (`coral plan` end to end in fresh processes with the library cached,
 start-up imports, goodput mode on scarce instances), sim (simulator throughput), runtime (router
@@ -481,6 +483,45 @@ def bench_plans(quick: bool) -> None:
         _homo_vs_mixed(name, s, setup.library)
 
 
+def bench_modes(quick: bool) -> None:
+    """Issue 27: per built-in scenario and its skew variants (80 % of the rate to the large / small
+    models), the plan's $/h with disaggregated templates only, colocated only and auto (the ILP picks
+    per model); auto must never cost more than either, and each model's mode is printed."""
+    from coral.allocator import allocate
+    from coral.cache import default_cache_dir
+    from coral.errors import CoralError
+    from coral.experiments.pipeline import prepare
+    from coral.experiments.runner import SKEW_GROUPS, SKEW_SHARE
+    from coral.scenario import load_scenario
+    from coral.workload.shift import heavy_split_multipliers
+
+    for name in ("core",) if quick else ("core", "extended"):
+        s = load_scenario(name)
+        setup = prepare(s, jobs=2, cache_dir=default_cache_dir())
+        variants = [(name, s)]
+        for variant, heavy in SKEW_GROUPS[name].items():
+            mult = heavy_split_multipliers({m.name: m.rate_per_s for m in s.models}, heavy, SKEW_SHARE)
+            models = s.source.model_dump()["models"]
+            for m in models:
+                m["workload"]["rate_per_s"] *= mult.get(m["name"], 1.0)
+            variants.append((f"{name} {variant}", load_scenario(name, {"models": models})))
+        for label, sc in variants:
+            plans: dict[str, Any] = {}
+            for mode in ("disagg", "colocated", "auto"):
+                try:
+                    plans[mode] = allocate(sc, setup.library, availability=setup.availability, mode=mode)
+                except CoralError as exc:  # e.g. a model with no colocated template
+                    plans[mode] = str(exc)
+            cost = {m: p.cost_usd_per_h if not isinstance(p, str) else float("inf") for m, p in plans.items()}
+            for mode in ("disagg", "colocated"):
+                note = plans[mode][:120] if isinstance(plans[mode], str) else ""
+                row("modes", f"{label}: $/h {mode} only", cost[mode] if note == "" else "n/a", "", None, note)
+            auto = plans["auto"]
+            modes = "" if isinstance(auto, str) else ", ".join(f"{m} {v}" for m, v in auto.model_modes().items())
+            ok = cost["auto"] <= min(cost["disagg"], cost["colocated"]) * (1 + 1e-6)
+            row("modes", f"{label}: $/h auto", cost["auto"], "<= both forced", ok, modes)
+
+
 def _homo_vs_mixed(name: str, s: Any, library: Any) -> None:
     """Per (model, phase), what mixing GPU types could save: the library's best tok/s per $ among
     templates of one GPU type (Homo's choice, per type) against the best among templates that mix
@@ -593,8 +634,8 @@ def bench_sim(quick: bool) -> None:
     row("sim", "peak memory (MiB, process so far)", peak, "<= 2048", peak <= 2048)
 
 
-SECTIONS = ("calibration", "exact", "library", "allocator", "plans", "peer", "slo", "planner", "sim", "runtime",
-            "chaos")
+SECTIONS = ("calibration", "exact", "library", "allocator", "plans", "modes", "peer", "slo", "planner", "sim",
+            "runtime", "chaos")
 
 
 def main() -> None:
@@ -623,6 +664,8 @@ def main() -> None:
                 bench_allocator(args.quick)
             elif section == "plans":
                 bench_plans(args.quick)
+            elif section == "modes":
+                bench_modes(args.quick)
             elif section == "peer":
                 bench_peer(args.quick)
             elif section == "slo":

@@ -50,7 +50,7 @@ def write_plan(folder: Path, scenario: dict, name: str = "plan.json", *extra: st
     s = folder / f"{scenario['name']}.yaml"
     s.write_text(yaml.safe_dump(scenario))
     p = folder / name
-    r = run("plan", "--scenario", str(s), "--out", str(p), *extra)
+    r = run("plan", "--scenario", str(s), "--mode", "disagg", "--out", str(p), *extra)
     assert r.exit_code == 0, r.output
     return s, p
 

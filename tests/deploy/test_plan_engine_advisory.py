@@ -29,7 +29,7 @@ def test_engine_vllm_plans_only_vllm_templates(tmp_path):
     assert rep["engine_cost_usd_per_h"] >= rep["unrestricted_cost_usd_per_h"] * (1 - 1e-3)
     assert rep["engine_cost_ratio"] == pytest.approx(rep["engine_cost_usd_per_h"] / rep["unrestricted_cost_usd_per_h"])
     assert 0 < rep["engine_templates"] < rep["templates"]
-    r = run("plan", "--scenario", str(scenario), "--engine", "vllm")
+    r = run("plan", "--scenario", str(scenario), "--mode", "disagg", "--engine", "vllm")
     assert r.exit_code == 0
     assert "engine vllm:" in flat(r) and "unrestricted" in flat(r)
 

@@ -152,7 +152,7 @@ def test_templates_deliver_their_predicted_latency_at_low_load(tmp_path):
     s = load_scenario(_write(tmp_path, SMALL))
     setup = prepare(s, cache_dir=tmp_path / "cache")
     lengths = length_summary(s, "phi-4")
-    plan = allocate(s, setup.library)
+    plan = allocate(s, setup.library, mode="disagg")  # the disaggregated pair this test times
     pre = next(i.template for i in plan.instances if i.phase is Phase.PREFILL)
     dec = next(i.template for i in plan.instances if i.phase is Phase.DECODE)
     # lone requests far apart, at the length the prefill template was checked at

@@ -40,7 +40,7 @@ def test_serve_plan_starts_the_plans_instances_and_serves(tmp_path: Path) -> Non
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)])
+    r = CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)])
     assert r.exit_code == 0, r.output
     data = json.loads(plan.read_text())
     cluster = cluster_from_plan_file(parse_cluster(_cluster(40)), str(plan))
@@ -63,7 +63,7 @@ def test_serve_plan_of_another_model_exits_2(tmp_path: Path) -> None:
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(_cluster(6)))
     r = CliRunner().invoke(main, ["serve", "--config", str(cfg), "--plan", str(plan)])
@@ -154,7 +154,7 @@ def test_serve_refuses_a_plan_of_another_version_or_scenario_and_remote_without_
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump(PHI))
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(_cluster(40)))
     ready = tmp_path / "ready.txt"

@@ -53,7 +53,7 @@ def test_exported_control_plane_and_engine_tasks_serve_on_loopback(tmp_path: Pat
     # on 4-GPU nodes the plan runs Phi-4 as four TP1 engines a machine, too many CPU processes here
     scen.write_text(yaml.safe_dump({**PHI, "configs": ["1xL40S", "1xL4"]}))
     plan = tmp_path / "plan.json"
-    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--out", str(plan)]).exit_code == 0
+    assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     _serve_export(tmp_path, load_plan_file(plan))
 
 

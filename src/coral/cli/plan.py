@@ -101,9 +101,10 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
 
     if mode not in MODES:  # checked here, not by click.Choice: one line on stderr, exit 2
         raise CoralError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode != "auto" and (calibrate or attainment_list is not None or engine != "coral"):
-        raise CoralError("--mode disagg / colocated goes with a plain plan or --verify, not with --calibrate, "
-                         "--attainment or --engine vllm (those plan with --mode auto)")
+    if mode != "auto" and (calibrate or attainment_list is not None):
+        raise CoralError("--mode disagg / colocated goes with a plain plan, --verify, --engine or --running, not "
+                         "with --calibrate or --attainment (those plan with --mode auto)")
+    mode = _verifiable_mode(mode, verify, as_json)
     options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
     if attainment_list is not None:
         return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
@@ -116,7 +117,7 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     # (its KV transfer in TTFT), as the vLLM export requires
     overrides = {"planner": {"first_token": "decode"}} if engine == "vllm" else None
     setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, overrides)
-    setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path)
+    setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path, mode)
     steps: list[Any] = []
     if calibrate:
         # lazy: the core loads only when the command runs (`coral --help` stays quick)
@@ -182,6 +183,23 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
         raise SystemExit(3)
 
 
+def _verifiable_mode(mode: str, verify: bool, quiet: bool) -> str:
+    """The mode a --verify plan is made in: one the simulator runs (`SIM_PLAN_MODE`); auto falls back
+    to it with a line on stderr, a forced mode it cannot run is an error."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    from coral.experiments.pipeline import SIM_PLAN_MODE
+
+    if not verify or SIM_PLAN_MODE == "auto" or mode == SIM_PLAN_MODE:
+        return mode
+    if mode != "auto":
+        raise CoralError(f"--verify simulates the plan, and the simulator does not run {mode} instances yet; "
+                         f"use --mode {SIM_PLAN_MODE}")
+    if not quiet:
+        err_console.print(f"--verify: planned with --mode {SIM_PLAN_MODE} (the simulator does not run colocated "
+                          "instances yet)", highlight=False, soft_wrap=True)
+    return SIM_PLAN_MODE
+
+
 def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:
     """One stderr line when the solve stopped at its time limit: the plan stands (exit 0), but
     it is not proved within --gap, and the user can give it more time."""
@@ -198,7 +216,7 @@ def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:
 
 
 def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any, engine: str,
-                       running_path: str | None) -> tuple[Any, dict[str, Any]]:
+                       running_path: str | None, mode: str = "auto") -> tuple[Any, dict[str, Any]]:
     """`coral plan --engine` / `--running`: restrict the library, plan the unrestricted baseline, read the
     running plan (docs/howto/deploy.md). Returns the setup to plan with and what `_plan_deploy_fields` reports."""
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
@@ -213,7 +231,7 @@ def _plan_deploy_setup(setup: Any, scenario_name: str, method: str, options: Any
         deploy["running"] = load_running(running_path, setup.scenario)
         deploy["prev"] = running_counts(deploy["running"])
     if engine != "coral":
-        deploy["full"] = plan(setup, method, options=options, prev=deploy.get("prev"))
+        deploy["full"] = plan(setup, method, options=options, prev=deploy.get("prev"), mode=mode)
         # the restricted plan serves the same capacity target (sized with the full library), so the
         # two costs compare the templates alone
         deploy["demand"] = {(d.model, d.phase): d.demand_tok_per_s for d in deploy["full"].demand}

@@ -187,12 +187,16 @@ def templates_build(scenario_name: str, jobs: int, executor: str, address: str |
         t.add_row(r["model"], r["phase"], str(r["multisets"]), str(r["memory_ok"]), str(r["solved"]), str(r["feasible"]),
                   str(r["kept"]), f"{r['wall_s']:.1f}", "yes" if r["cached"] else "")
     console.print(t)
+    for st in lib.stats:  # e.g. the nodes a model is not colocatable on, with the step time that is too slow
+        for note in st.notes:
+            console.print(note, highlight=False, soft_wrap=True)
 
 
 @templates.command("show")
 @scenario_opt
 @click.option("--model", default=None)
-@click.option("--phase", type=click.Choice(["prefill", "decode"]), default=None)
+@click.option("--phase", type=click.Choice(["prefill", "decode", "colocated"]), default=None,
+              help="One kind (default: prefill and decode).")
 @click.option("--region", default=None, help="Price templates in this region (default: the scenario's first).")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True)
 @click.option("--n-max", type=click.IntRange(1, 8), default=None)

@@ -65,6 +65,11 @@ def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1
                  library_s=library_s)
 
 
+# The serving mode the simulator's plans use: disaggregated until the simulator runs colocated
+# instances (issue 27's simulator change sets it to "auto"); `coral plan` takes --mode itself.
+SIM_PLAN_MODE = "disagg"
+
+
 def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase | str], float] | None = None,
          prev: Any = None, options: SolveOptions | None = None, mode: str = "auto") -> Plan:
     """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`)."""
@@ -101,7 +106,7 @@ class EpochReplanner:
         demand: dict[tuple[str, Phase | str], float] = {
             g: v for g, v in epoch_demand(self.setup.scenario, window, self.forecast, self.setup.library).items()}
         prev = dict(Counter((s.region, s.template.key) for s in running))
-        new = plan(self.setup, self.method, demand=demand, prev=prev, options=self.options)
+        new = plan(self.setup, self.method, demand=demand, prev=prev, options=self.options, mode=SIM_PLAN_MODE)
         self.demands.append(demand)
         self.plans.append(new)
         return plan_specs(new)
@@ -123,7 +128,7 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=duration_s, seed=seed,
                             data_dir=data_dir, base_dir=scenario.base_dir)
     replan = EpochReplanner(setup=setup, method=method, options=options, forecast=epoch_forecaster(scenario))
-    replan.plans.append(plan(setup, method, options=options))
+    replan.plans.append(plan(setup, method, options=options, mode=SIM_PLAN_MODE))
     result = simulate(scenario, traces, plan_specs(replan.plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
                       init_s=scenario.planner.init_s, seed=seed, progress=progress, router=scenario.planner.router)
     return SimRun(result=result, plans=tuple(replan.plans), demands=tuple(replan.demands))

@@ -13,8 +13,8 @@ from coral.allocator import Plan
 from coral.allocator.demand import capacity_targets
 from coral.atomic import write_bytes
 from coral.errors import CoralError
+from coral.experiments.pipeline import SIM_PLAN_MODE, plan_specs, prepare, scaled_scenario
 from coral.experiments.pipeline import plan as solve
-from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.perf.model import Phase
 from coral.sim import simulate
 from coral.slo import component_quantile
@@ -102,7 +102,7 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
     if iterations < 0:
         raise CoralError(f"--iterations must be >= 0, got {iterations}")
     boost: dict[Group, float] = {}
-    current = solve(setup, method, options=options)
+    current = solve(setup, method, options=options, mode=SIM_PLAN_MODE)  # it is simulated
     steps: list[CalibrationStep] = []
     for it in range(iterations + 1):
         verdicts = verify_plan(setup, current, seed=seed)
@@ -118,7 +118,8 @@ def calibrate_plan(setup: Any, method: str, *, iterations: int = 4, factor: floa
         for g in raise_pairs:
             boost[g] = boost.get(g, 1.0) * factor
         targets = capacity_targets(setup.scenario, boost=boost, library=setup.library)
-        current = solve(setup, method, demand={g: t.capacity_tok_per_s for g, t in targets.items()}, options=options)
+        current = solve(setup, method, demand={g: t.capacity_tok_per_s for g, t in targets.items()}, options=options,
+                        mode=SIM_PLAN_MODE)
     return current, steps
 
 

@@ -25,14 +25,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from coral.catalog.hardware import NodeConfig
 from coral.perf.model import PerfModel, Phase, Shape
 from coral.templates.problem import FIRST, LAST, ONLY, Placement
-
-if TYPE_CHECKING:  # library imports this module: the spec's type only, for annotations
-    from coral.templates.library import TemplateSpec
+from coral.templates.spec import TemplateSpec
 
 POSITIONS = (FIRST, 1, LAST, ONLY)  # as problem.py numbers them: first, middle, last, only
 
@@ -91,7 +88,7 @@ def realized_decode_rate(perf: PerfModel, spec: TemplateSpec,
                          configs: dict[str, NodeConfig]) -> Callable[[tuple[str, ...], Placement], float]:
     """`Θ_D` of a solved colocated placement: generated tokens/s at the mean chunk, capped by
     Little's law with `S·width` micro-batches in flight, as a decode placement's (the library's
-    `_realized_throughput`)."""
+    `coral.templates.throughput.realized_throughput`)."""
     memo: dict[tuple[str, int, int, int, int], float] = {}
 
     def node_s(name: str, batch: int, layers: int, stage: int, stages: int) -> float:

@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from coral.perf.model import PerfModel, Phase, Shape
 from coral.scenario.traffic import length_summary
 from coral.templates import colocated
 from coral.templates.budget import latency_budget_ms
+from coral.templates.multisets import enumerate_multisets
 from coral.templates.planning import model_kv
 from coral.templates.problem import (
     FIRST,
@@ -28,74 +27,25 @@ from coral.templates.problem import (
     ONLY,
     Placement,
     PlacementProblem,
-    Stage,
     decode_caps,
     evaluate,
 )
+from coral.templates.serialize import template_from_dict
+from coral.templates.serialize import (
+    template_to_dict as template_to_dict,  # re-exported: callers import it from here
+)
+from coral.templates.spec import (
+    LIBRARY_FORMAT as LIBRARY_FORMAT,  # re-exported: callers import them from here
+)
+from coral.templates.spec import TemplateSpec as TemplateSpec
+from coral.templates.spec import perf_fingerprint as perf_fingerprint
 from coral.templates.table import TemplateTable
 from coral.templates.template import LibraryStats, Template, TemplateLibrary
+from coral.templates.throughput import realized_throughput
 
-LIBRARY_FORMAT = "coral-templates/7"  # 7: colocated templates; 6: TP-group layouts, per-entry KV caps, KV per NIC
 POSITIONS = (FIRST, MIDDLE, LAST, ONLY)
 
 ProgressFn = Callable[[int, int], None]  # (done, total) multisets
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TemplateSpec:
-    """Everything that determines one (model, phase) library: the cache key is its hash."""
-
-    model: ModelSpec
-    phase: Phase
-    slo_ms: float  # the phase's SLO as the scenario states it
-    budget_ms: float  # the latency the placements are held to (coral.templates.budget)
-    prompt_tokens: float  # the prompt length the latency is checked at (prefill: the quantile prompt)
-    output_tokens: float
-    configs: tuple[NodeConfig, ...]
-    n_max: int
-    rho: float
-    batches: tuple[int, ...]
-    work_prompt_tokens: float | None = None  # prefill: E[P²]/E[P], where Θ is measured (None: prompt_tokens)
-    lengths: tuple[tuple[str, float], ...] = ()  # the length summary the spec came from (cache key)
-    # The KV transfer (coral.templates.budget.KvModel): bytes per prompt token, the prompt tokens
-    # of KV the latency check moves over the template's NIC, and those per work token its NICs move.
-    kv_bytes_per_token: float = 0.0
-    kv_latency_tokens: float = 0.0
-    kv_allowance_ms: float = float("inf")  # the quantile transfer over the template's NIC must fit it
-    kv_rate_tokens: float = 0.0
-    layouts: bool = True  # split nodes into TP groups (data-parallel engines or in-node pipeline stages)
-    max_entries: int = 8  # most stage entries (whole nodes or TP groups) one layout may expand to
-    # Colocated only (coral.templates.colocated): the TTFT budget, the prompt it is checked at,
-    # and E[P] / E[D], the ratio a replica serves prompt and output tokens in.
-    ttft_budget_ms: float = 0.0
-    ttft_prompt_tokens: float = 0.0
-    prompt_per_output: float = 0.0
-
-    def cache_key(self, perf: PerfModel) -> str:
-        payload = {
-            "format": LIBRARY_FORMAT, "model": asdict(self.model), "phase": self.phase.value, "slo_ms": self.slo_ms,
-            "budget_ms": self.budget_ms, "work_prompt_tokens": self.work_prompt_tokens, "lengths": list(self.lengths),
-            "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-            "configs": [asdict(c) for c in self.configs], "n_max": self.n_max, "rho": self.rho,
-            "batches": list(self.batches), "perf": perf_fingerprint(perf, {c.gpu.name for c in self.configs}),
-            "kv": [self.kv_bytes_per_token, self.kv_latency_tokens, self.kv_allowance_ms, self.kv_rate_tokens],
-            "layouts": [self.layouts, self.max_entries],
-            "colocated": [self.ttft_budget_ms, self.ttft_prompt_tokens, self.prompt_per_output],
-        }
-        return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def perf_fingerprint(perf: PerfModel, gpus: set[str] | None = None) -> dict[str, Any]:
-    """The performance model's version and parameters (system constants, and the efficiencies
-    of `gpus` — the GPUs a library uses — so a change elsewhere keeps its cache valid)."""
-    out: dict[str, Any] = {"version": perf.version, "system": asdict(perf.system)}
-    eff_of = getattr(perf, "eff", None)
-    if eff_of is not None and gpus is not None:
-        out["efficiency"] = {g: asdict(perf.efficiency.get(g, perf.default)) for g in sorted(gpus)}  # type: ignore[attr-defined]
-    fallback = getattr(perf, "fallback", None)
-    if fallback is not None:
-        out["fallback"] = perf_fingerprint(fallback, gpus)
-    return out
 
 
 class _Timings:
@@ -364,26 +314,6 @@ def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -
     return placement
 
 
-def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:
-    """All multisets of at most `n_max` nodes (of several nodes: of the shapes' default instance
-    types only), and those whose GPU memory is within `[weights, rho × weights]` (one node: only
-    the lower bound), smallest first."""
-    names = sorted(c.name for c in configs)
-    # Several nodes take each shape's default instance type; every other type of it is a template
-    # of its own node only (the types differ in NIC and price, so a single node is where it pays).
-    shared = sorted(c.name for c in configs if not c.instance_type)
-    mem = {c.name: c.memory_bytes for c in configs}
-    lo, hi = model.weights_bytes, rho * model.weights_bytes
-    total, ok = 0, []
-    for size in range(1, n_max + 1):
-        for combo in itertools.combinations_with_replacement(names if size == 1 else shared, size):
-            total += 1
-            m = sum(mem[n] for n in combo)
-            if lo <= m and (m <= hi or size == 1):  # one node is what is rented anyway (its layout splits it)
-                ok.append(combo)
-    return total, ok
-
-
 class _Solver:
     """Solves one physical multiset of a spec over its layouts, with each layout's KV transfer
     taken off the latency budget and its NICs capping the throughput (`coral.templates.budget`)."""
@@ -395,7 +325,7 @@ class _Solver:
             decode_rate = colocated.realized_decode_rate(perf, spec, self.configs)
             self.realized = lambda nodes, p: spec.prompt_per_output * decode_rate(nodes, p)
         else:
-            self.realized = _realized_throughput(perf, spec)
+            self.realized = realized_throughput(perf, spec, self.configs)
         self._timings: dict[float, _Timings] = {}
 
     def timings(self, budget_ms: float) -> _Timings:
@@ -532,70 +462,6 @@ def _template(spec: TemplateSpec, nodes: tuple[str, ...], placement: Placement, 
                         chunk_tokens=colocated.chunk_tokens(spec, placement.micro_batch))
     return Template(model=spec.model.name, phase=spec.phase, slo_ms=spec.slo_ms, budget_ms=spec.budget_ms,
                     nodes=nodes, placement=placement, prompt_tokens=spec.prompt_tokens, realized_tok_per_s=theta)
-
-
-def _realized_throughput(perf: PerfModel, spec: TemplateSpec) -> Callable[[tuple[str, ...], Placement], float]:
-    """Θ of a solved placement as it is realized on the length distribution.
-
-    - Prefill stages are re-timed at the prompt length `E[P²]/E[P]`: the per-token work of linear
-      layers plus causal attention equals the distribution's there.
-    - A pipeline only reaches its bottleneck stage's rate with enough micro-batches in flight. The
-      memory model allows `2·S·min_s d_s` (prefill) or `S·min_s d_s` (decode), so by Little's law
-      Θ ≤ lanes · u / latency; an unbalanced placement (a wide stage next to a narrow one) gets
-      that lower figure, which is what the simulator and an engine deliver.
-    """
-    work = spec.work_prompt_tokens if spec.phase is Phase.PREFILL and spec.work_prompt_tokens else spec.prompt_tokens
-    configs = {c.name: c for c in entry_configs(spec)}
-    memo: dict[tuple[str, int, int, int, int], float] = {}
-
-    def node_s(name: str, batch: int, layers: int, stage: int, stages: int) -> float:
-        key = (name, batch, layers, stage, stages)
-        v = memo.get(key)
-        if v is None:
-            shape = Shape(phase=spec.phase, batch=batch, prompt_tokens=work, output_tokens=spec.output_tokens)
-            v = memo[key] = perf.node_time_s(configs[name], spec.model, shape, layers, first=stage == 0,
-                                             last=stage == stages - 1)
-        return v
-
-    def theta(nodes: tuple[str, ...], placement: Placement) -> float:
-        b, stages = placement.micro_batch, len(placement.stages)
-        u = Shape(phase=spec.phase, batch=b, prompt_tokens=work, output_tokens=spec.output_tokens).work_tokens
-        times = [[node_s(n, b, st.layers, s, stages) for n in st.nodes] for s, st in enumerate(placement.stages)]
-        rate = min(sum(u / t for t in ts) for ts in times)
-        width = min(len(st.nodes) for st in placement.stages)
-        lanes = (2 if spec.phase is Phase.PREFILL else 1) * stages * width
-        latency = sum(max(ts) for ts in times) + (stages - 1) * placement.comm_s
-        return min(rate, lanes * u / latency)
-
-    return theta
-
-
-# --- serialization ---------------------------------------------------------------------------
-
-def template_to_dict(t: Template) -> dict[str, Any]:
-    p = t.placement
-    return {
-        "model": t.model, "phase": t.phase.value, "slo_ms": t.slo_ms, "budget_ms": t.budget_ms, "nodes": list(t.nodes),
-        "prompt_tokens": t.prompt_tokens, "realized_tok_per_s": t.realized_tok_per_s,
-        "micro_batch": p.micro_batch, "throughput_tok_per_s": p.throughput_tok_per_s, "latency_ms": p.latency_s * 1e3,
-        "comm_ms": p.comm_s * 1e3,
-        **({"decode_tok_per_s": t.decode_tok_per_s, "chunk_tokens": t.chunk_tokens} if t.phase is Phase.COLOCATED else {}),
-        "stages": [{"nodes": list(s.nodes), "node_index": list(s.node_index), "layers": s.layers,
-                    "stage_time_ms": s.time_s * 1e3, "stage_time_s": s.time_s,
-                    "throughput_tok_per_s": s.throughput_tok_per_s} for s in p.stages],
-    }
-
-
-def template_from_dict(d: dict[str, Any]) -> Template:
-    stages = tuple(Stage(nodes=tuple(s["nodes"]), node_index=tuple(s["node_index"]), layers=int(s["layers"]),
-                         time_s=s["stage_time_s"] if "stage_time_s" in s else s["stage_time_ms"] / 1e3, throughput_tok_per_s=s["throughput_tok_per_s"])
-                   for s in d["stages"])
-    placement = Placement(stages=stages, micro_batch=int(d["micro_batch"]), throughput_tok_per_s=d["throughput_tok_per_s"],
-                          latency_s=d["latency_ms"] / 1e3, comm_s=d["comm_ms"] / 1e3)
-    return Template(model=d["model"], phase=Phase(d["phase"]), slo_ms=d["slo_ms"], budget_ms=d["budget_ms"],
-                    nodes=tuple(d["nodes"]), placement=placement, prompt_tokens=d.get("prompt_tokens"),
-                    realized_tok_per_s=d.get("realized_tok_per_s"), decode_tok_per_s=d.get("decode_tok_per_s"),
-                    chunk_tokens=None if d.get("chunk_tokens") is None else int(d["chunk_tokens"]))
 
 
 def cache_path(spec: TemplateSpec, perf: PerfModel, cache_dir: Path) -> Path:

@@ -3,7 +3,11 @@ pipeline over them (shared by the exact search and its compiled kernel)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+import itertools
+from collections.abc import Iterator, Sequence
+
+from coral.catalog.hardware import NodeConfig
+from coral.catalog.models import ModelSpec
 
 Counts = tuple[int, ...]
 
@@ -63,3 +67,23 @@ def stage_lists(counts: Counts, stages: int) -> tuple[tuple[Counts, ...], ...]:
             for middle in partitions(mid, stages - 2):
                 out.append((first, *middle, last))
     return tuple(out)
+
+
+def enumerate_multisets(configs: Sequence[NodeConfig], model: ModelSpec, n_max: int, rho: float) -> tuple[int, list[tuple[str, ...]]]:
+    """All multisets of at most `n_max` nodes (of several nodes: of the shapes' default instance
+    types only), and those whose GPU memory is within `[weights, rho × weights]` (one node: only
+    the lower bound), smallest first."""
+    names = sorted(c.name for c in configs)
+    # Several nodes take each shape's default instance type; every other type of it is a template
+    # of its own node only (the types differ in NIC and price, so a single node is where it pays).
+    shared = sorted(c.name for c in configs if not c.instance_type)
+    mem = {c.name: c.memory_bytes for c in configs}
+    lo, hi = model.weights_bytes, rho * model.weights_bytes
+    total, ok = 0, []
+    for size in range(1, n_max + 1):
+        for combo in itertools.combinations_with_replacement(names if size == 1 else shared, size):
+            total += 1
+            m = sum(mem[n] for n in combo)
+            if lo <= m and (m <= hi or size == 1):  # one node is what is rented anyway (its layout splits it)
+                ok.append(combo)
+    return total, ok

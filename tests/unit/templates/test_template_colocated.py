@@ -43,3 +43,20 @@ def test_colocated_fields_are_checked():
     with pytest.raises(ValueError, match="colocated templates only"):
         Template(model="qwen3-32b", phase=Phase.PREFILL, slo_ms=100.0, budget_ms=90.0, nodes=("2xL40S",),
                  placement=PLACEMENT, chunk_tokens=256)
+
+
+def test_library_names_the_nodes_a_model_is_not_colocatable_on():
+    from coral.scenario import load_scenario
+    from coral.templates.library import build_library
+
+    core = load_scenario("core")
+    lib = build_library(core, n_max=1, models=["phi-4"])
+    st = next(s for s in lib.stats if s.phase is Phase.COLOCATED)
+    spec = core.model("phi-4")
+    step_budget = spec.slo.tpot_ms * core.planner.tpot_headroom
+    for note in st.notes:  # each named node's one-decode, one-token step is over the step budget
+        node = note.split(" on ", 1)[1].split(":", 1)[0]
+        step_ms = float(note.split("takes ", 1)[1].split(" ms", 1)[0])
+        assert step_ms > step_budget
+        assert not any(t.nodes == (node,) for t in lib.of("phi-4", Phase.COLOCATED))
+    assert any("not colocatable on 2xL4" in n for n in st.notes)
