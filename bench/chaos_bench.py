@@ -1,8 +1,9 @@
 """Chaos soak: `coral bench` against `coral serve` while a random engine is killed (SIGKILL) every minute.
 
 `coral serve` runs a two-model tiny cluster (tiny-llama: a 2-stage prefill instance and a 3-stage
-decode instance with a data-parallel middle stage; tiny-qwen3: a 2-stage mixed instance) as a user
-would start it; one `coral bench --json` per model streams Poisson load at a moderate rate; every
+decode instance with a data-parallel middle stage; tiny-qwen3: a 2-stage colocated (`mixed`) instance
+whose steps carry at most 8 prompt tokens beside their decodes, so most prompts span several steps) as
+a user would start it; one `coral bench --json` per model streams Poisson load at a moderate rate; every
 `kill_every_s` a random engine process of the cluster gets SIGKILL. Nobody touches the server:
 self-repair must bring every model back. Measured:
 
@@ -30,6 +31,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 CLUSTER = """\
 coordinator: {host: 127.0.0.1, port: 0, heartbeat_s: 0.1, heartbeat_timeout_s: 1.0, max_retries: 3}
 device: cpu
@@ -42,7 +45,7 @@ instances:
      stages: [{layers: [0, 2]}, {layers: [2, 6]}]}
   - {name: llama-decode, model: tiny-llama, phase: decode, throughput_tok_per_s: 100,
      stages: [{layers: [0, 1]}, {layers: [1, 4], nodes: [1.0, 2.0]}, {layers: [4, 6]}]}
-  - {name: qwen3-mixed, model: tiny-qwen3, phase: mixed, stages: [{layers: [0, 3]}, {layers: [3, 6]}]}
+  - {name: qwen3-mixed, model: tiny-qwen3, phase: mixed, chunk_tokens: 8, stages: [{layers: [0, 3]}, {layers: [3, 6]}]}
 """
 
 
@@ -102,11 +105,14 @@ def _health(url: str) -> dict[str, str]:
         return {}
 
 
-def soak(duration_s: float, kill_every_s: float, rate_per_s: float = 4.0, seed: int = 0, workdir: Path | None = None) -> dict[str, Any]:
-    """Run the soak; returns its figures (see the module docstring)."""
+def soak(duration_s: float, kill_every_s: float, rate_per_s: float = 4.0, seed: int = 0, workdir: Path | None = None,
+         cluster: str = CLUSTER) -> dict[str, Any]:
+    """Run the soak (on `cluster`, a cluster file's text: one `coral bench` per model); returns its figures
+    (see the module docstring)."""
     rng = random.Random(seed)
     tmp = Path(workdir or tempfile.mkdtemp(prefix="coral-chaos-"))
-    (tmp / "cluster.yaml").write_text(CLUSTER)
+    (tmp / "cluster.yaml").write_text(cluster)
+    models = [m["name"] for m in yaml.safe_load(cluster)["models"]]
     ready = tmp / "ready"
     coral = [str(Path(sys.executable).parent / "coral")]  # the command a user runs
     log = open(tmp / "serve.log", "wb")  # noqa: SIM115 - closed below
@@ -124,7 +130,7 @@ def soak(duration_s: float, kill_every_s: float, rate_per_s: float = 4.0, seed: 
                                         str(duration_s), "--prompt-tokens", "16", "--output-tokens", "24", "--json",
                                         "--seed", str(seed + k), "--timeout-s", "60"],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                   for k, m in enumerate(("tiny-llama", "tiny-qwen3"))}  # fmt: skip
+                   for k, m in enumerate(models)}  # fmt: skip
         t0 = time.monotonic()
         rss0: tuple[int, int] | None = None
         next_kill = t0 + kill_every_s

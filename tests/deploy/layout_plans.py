@@ -24,6 +24,10 @@ DP4 = {"phase": "prefill", "nodes": ["4xL40S"], "stages": [(["4xL40S/tp1"] * 4, 
 PP4 = {"phase": "prefill", "nodes": ["4xL40S"], "stages": [(["4xL40S/tp1"], 10)] * 4}  # an in-node pipeline
 TP2X2 = {"phase": "prefill", "nodes": ["4xL40S"], "stages": [(["4xL40S/tp2", "4xL40S/tp2"], 40)]}  # 2 x TP2
 DECODE = {"phase": "decode", "nodes": ["1xL4", "1xL4"], "stages": [(["1xL4", "1xL4"], 40)]}
+# colocated (chunked prefill, no KV transfer): one 1xL40S; and two TP2 replicas on a 4xL40S
+COLOCATED = {"phase": "colocated", "nodes": ["1xL40S"], "stages": [(["1xL40S"], 40)], "chunk_tokens": 256,
+             "decode_tok_per_s": 400.0}
+COLOCATED_TP2X2 = {**TP2X2, "phase": "colocated", "chunk_tokens": 512, "decode_tok_per_s": 900.0}
 
 
 def plan_json(instances: list[dict[str, Any]], *, first_token: str | None = None, scenario: str = "layouttest",
@@ -38,7 +42,8 @@ def plan_json(instances: list[dict[str, Any]], *, first_token: str | None = None
             "count": count, "throughput_tok_per_s": 1000.0, "price_usd_per_h": 5.0, "micro_batch": 4, "slo_ms": 80.0,
             "budget_ms": 60.0,
             "stages": [{"nodes": list(e), "layers": j, "throughput_tok_per_s": 1000.0} for e, j in inst["stages"]],
-            **({"hosts": inst["hosts"]} if "hosts" in inst else {})})
+            **({"hosts": inst["hosts"]} if "hosts" in inst else {}),
+            **{k: inst[k] for k in ("chunk_tokens", "decode_tok_per_s") if k in inst}})
     data: dict[str, Any] = {
         "plan_version": PLAN_FILE_VERSION, "scenario": scenario, "method": "coral", "status": "optimal", "cost_usd_per_h": 5.0 * len(rows),
         "instances": rows, "nodes": [{"region": REGION, "config": c, "count": n} for c, n in sorted(nodes.items())]}

@@ -88,7 +88,8 @@ def test_vllm_partitions_sum_to_the_model_layers(decode_plan, tmp_path):
         assert pp == len(parts)
         tp = int(cmd.split("--tensor-parallel-size ")[1].split()[0])
         assert builtin_model(model).tp_problem(tp) is None  # only degrees vLLM accepts
-        assert "NixlConnector" in cmd
+        # a disaggregated line joins its P/D pair by NIXL; a colocated one runs chunked prefill
+        assert ("--enable-chunked-prefill" in cmd) if "-colocated-" in f.name else ("NixlConnector" in cmd)
     # every instance line is either a script or listed with its reason
     listed = (tmp_path / "vllm" / "SKIPPED.txt").read_text().splitlines() if (tmp_path / "vllm" / "SKIPPED.txt").exists() else []
     assert len(scripts) + len(listed) == len(data["instances"])

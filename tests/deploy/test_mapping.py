@@ -60,7 +60,9 @@ def test_instance_specs_expand_counts_and_keep_layer_ranges(two_model_plan):
         raw = data["instances"][int(spec.name.split("-", 1)[0])]
         assert [(s.layer_end - s.layer_start) for s in spec.stages] == [s["layers"] for s in raw["stages"]]
         assert [len(s.node_throughputs) for s in spec.stages] == [len(s["nodes"]) for s in raw["stages"]]
-        assert spec.phase == raw["phase"] and spec.region == raw["region"]
+        # a colocated instance runs as the runtime's mixed one, with its template's chunk
+        want = ("mixed", raw["chunk_tokens"]) if raw["phase"] == "colocated" else (raw["phase"], None)
+        assert want == (spec.phase, spec.chunk_tokens) and spec.region == raw["region"]
 
 
 def test_a_cluster_file_of_other_models_is_refused(two_model_plan):

@@ -195,6 +195,8 @@ def test_serve_plan_on_a_short_ray_cluster_exits_2_naming_the_gpu(ray_cluster: o
     scen = tmp_path / "s.yaml"
     scen.write_text(yaml.safe_dump({**PHI, "configs": ["4xL40S", "4xL4"]}))  # 4-GPU nodes only
     plan = tmp_path / "plan.json"
+    # disaggregated (two 4-GPU machines): the up-front GPU check names the type; auto plans one colocated 4xL40S,
+    # which that check lets through and whose placement group then times out (exit 2 too, without the GPU's name)
     assert 0 == CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code
     cfg = tmp_path / "cluster.yaml"
     cfg.write_text(yaml.safe_dump(phi_cluster(40)))

@@ -283,3 +283,74 @@ def test_same_events_and_times_give_the_same_messages_byte_for_byte(seed: int) -
 
     first, second = run(), run()
     assert first == second and len(first) > 20
+
+
+# ------------------------------------------------------------------ chunked prefill (colocated instances)
+
+
+def rows(batch: ForwardBatch) -> list[tuple[str, int, tuple[int, ...]]]:
+    return [(i.request_id, i.position, i.token_ids) for i in batch.items]
+
+
+def test_a_long_prompt_is_fed_in_chunks_and_only_its_last_chunk_makes_a_token() -> None:
+    sch = scheduler([1], chunk_tokens=4)
+    hello_all(sch, blocks=8, block_size=4)
+    sch.handle(submit("a", prompt=tuple(range(10, 20)), max_tokens=2), 0.0)
+    seen, outs = [], []
+    for k in range(4):
+        (batch,) = of(sch.step(0.1 * k), ForwardBatch)
+        seen.append(rows(batch))
+        # the KV is reserved chunk by chunk: blocks for what the step carries, not the whole prompt
+        outs.append((sch.kv.pools["n00"].lengths["a"], tokens(sch.handle(result(batch, 50 + k), 0.1 * k + 0.05))))
+    assert [[("a", 0, (10, 11, 12, 13))], [("a", 4, (14, 15, 16, 17))], [("a", 8, (18, 19))], [("a", 10, (52,))]] == seen
+    # the tokens sampled after the first two chunks are dropped; the third chunk's (52) is the first token
+    assert [4, 8, 10, 11] == [n for n, _ in outs]
+    assert [[], [], [(52,)], [(53,)]] == [[t.tokens for t in ts] for _, ts in outs]
+    assert outs[3][1][0].finished and {} == sch.reqs
+
+
+def test_every_step_carries_the_running_decodes_plus_at_most_chunk_tokens_prompt_tokens() -> None:
+    sch = scheduler([1], chunk_tokens=3)
+    hello_all(sch)
+    sch.handle(submit("d", prompt=(1, 2), max_tokens=9), 0.0)
+    (batch,) = of(sch.step(0.0), ForwardBatch)
+    sch.handle(result(batch, 5), 0.01)  # d decodes from now on
+    sch.handle(submit("p", prompt=(30, 31, 32, 33, 34), max_tokens=9), 0.02)
+    sch.handle(submit("q", prompt=(40, 41), max_tokens=9), 0.02)
+    steps = []
+    for k in range(3):
+        (batch,) = of(sch.step(0.1 * (k + 1)), ForwardBatch)
+        steps.append(rows(batch))
+        sch.handle(result(batch, 6), 0.1 * (k + 1) + 0.05)
+    assert [
+        [("d", 2, (5,)), ("p", 0, (30, 31, 32))],  # the decode rides along; p's first 3 prompt tokens fill the chunk
+        [("d", 3, (6,)), ("p", 3, (33, 34)), ("q", 0, (40,))],  # p's rest, then q starts with what is left
+        [("d", 4, (6,)), ("p", 5, (6,)), ("q", 1, (41,))],  # p decodes; q's last prompt token
+    ] == steps
+
+
+def test_without_chunk_tokens_a_prompt_goes_whole_and_a_negative_one_is_refused() -> None:
+    sch = scheduler([1])
+    hello_all(sch)
+    sch.handle(submit("a", prompt=tuple(range(10, 30)), max_tokens=2), 0.0)
+    (batch,) = of(sch.step(0.0), ForwardBatch)
+    assert [("a", 0, tuple(range(10, 30)))] == rows(batch)
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
+        scheduler([1], chunk_tokens=-1)
+
+
+def test_a_chunked_prompt_preempted_mid_way_is_recomputed_from_its_start() -> None:
+    sch = scheduler([1], chunk_tokens=4)
+    hello_all(sch, blocks=3, block_size=4)  # 12 tokens on the node
+    sch.handle(submit("old", prompt=(1, 2, 3, 4), max_tokens=5), 0.0)
+    sch.handle(submit("young", prompt=(5, 6, 7, 8, 9, 10), max_tokens=2), 0.0)
+    (b1,) = of(sch.step(0.0), ForwardBatch)
+    assert [("old", 0, (1, 2, 3, 4))] == rows(b1)  # the chunk is spent on old's prompt
+    sch.handle(result(b1, 11), 0.1)
+    (b2,) = of(sch.step(0.1), ForwardBatch)
+    assert [("old", 4, (11,)), ("young", 0, (5, 6, 7, 8))] == rows(b2)
+    sch.handle(result(b2, 12), 0.2)
+    out = sch.step(0.2)  # old needs a second block, young its last two prompt tokens' block: 3 blocks, 3 held
+    assert [Release(request_ids=("young",))] == of(out, Release, "n00") and 1 == sch.preempted
+    young = sch.reqs["young"]
+    assert ((5, 6, 7, 8, 9, 10), 0, "young~1") == (young.pending, young.position, young.kv_id)

@@ -109,6 +109,8 @@ def test_live_replan_of_a_served_plan_logs_real_templates_in_dry_run_then_acts(t
     scen.write_text(yaml.safe_dump({**PHI, "models": [{**PHI["models"][0], "workload": {
         **PHI["models"][0]["workload"], "rate_per_s": 12}}]}))  # enough traffic for several instances
     plan = tmp_path / "plan.json"
+    # disaggregated: an idle epoch then sizes prefill for one burst and drains the rest (auto plans phi-4 colocated
+    # here, whose instances the same burst sizing keeps)
     assert CliRunner().invoke(main, ["plan", "--scenario", str(scen), "--mode", "disagg", "--out", str(plan)]).exit_code == 0
     pf = load_plan_file(plan)
     cluster = cluster_from_plan(parse_cluster(phi_cluster(40)), pf)

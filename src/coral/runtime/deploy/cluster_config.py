@@ -39,8 +39,8 @@ __all__ = [
 
 # ------------------------------------------------------------------------ domain
 
-#: Runtime only: an instance that runs a request's prefill and decode itself (no KV hand-off).
-#: Plans never hold one (DESIGN §1: everything is PD disaggregated); hand-written clusters may.
+#: An instance that runs a request's prefill and decode itself (no KV hand-off): a plan's colocated
+#: instance (`Phase.COLOCATED`), whose scheduler mixes prompt chunks into decode steps (`chunk_tokens`).
 MIXED: Final = "mixed"
 #: What a runtime instance serves: one phase of the domain's `Phase`, or both.
 ServedPhase = Phase | Literal["mixed"]
@@ -53,12 +53,12 @@ _ARCHITECTURE_OF_TYPE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCaus
 
 
 def served_phase(value: str | Phase) -> ServedPhase:
-    """`prefill` / `decode` as the domain's `Phase`, `mixed` as :data:`MIXED`.
+    """`prefill` / `decode` as the domain's `Phase`, `mixed` (or a plan's `colocated`) as :data:`MIXED`.
 
     Raises:
         ValueError: any other value.
     """
-    if value == MIXED:
+    if value in (MIXED, Phase.COLOCATED):
         return MIXED
     try:
         return Phase(value)
@@ -163,8 +163,11 @@ class InstanceSpec:
     seed: int | None
     weights_path: str | None
     scheduler_port: int | None = None  # a fixed port for its scheduler (engines started elsewhere dial it)
+    chunk_tokens: int | None = None  # most prompt tokens per step (chunked prefill); None = whole prompts
 
     def __post_init__(self) -> None:
+        if self.chunk_tokens is not None and self.chunk_tokens < 1:
+            raise ValueError(f"instance {self.name!r}: chunk_tokens must be >= 1, got {self.chunk_tokens}")
         try:
             object.__setattr__(self, "phase", served_phase(self.phase))
         except ValueError as e:
@@ -274,6 +277,11 @@ class InstanceFile(_Strict):
     scheduler_port: int | None = Field(None, ge=1, le=65535, description=(
         "Fixed port of the instance's scheduler, for engines started elsewhere (`coral serve --provisioner "
         "remote`, the SkyPilot export's engine tasks); default any free one."))
+    chunk_tokens: int | None = Field(None, ge=1, description=(
+        "Chunked prefill (vLLM's --enable-chunked-prefill, Sarathi-Serve): each step of the instance carries its "
+        "running decodes plus at most this many prompt tokens, so a long prompt is fed over several steps and the "
+        "decodes are not held up by it (`coral serve --plan` sets a colocated instance's from its template); "
+        "default: a prompt goes whole into one step."))
 
 
 class CoordinatorFile(_Strict):
@@ -453,7 +461,7 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
             )
             spec = InstanceSpec(
                 name=i.name, model=i.model, phase=served_phase(i.phase), region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
-                stages=stages, seed=seed, weights_path=path, scheduler_port=i.scheduler_port,
+                stages=stages, seed=seed, weights_path=path, scheduler_port=i.scheduler_port, chunk_tokens=i.chunk_tokens,
             )  # fmt: skip
         except ValueError as e:
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None

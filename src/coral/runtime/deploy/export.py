@@ -14,7 +14,11 @@ of its TP groups on its own GPUs), each dialling its scheduler at `$CORAL_CONTRO
 vLLM: the `vllm serve` processes of each instance line whose layout vLLM can express
 (:mod:`coral.runtime.deploy.vllm`), with the tensor, pipeline and data-parallel sizes, the uneven
 layer partition and the prefill/decode KV connector; the others are listed with the reason. Only a
-plan whose models emit their first token from the decode instance (vLLM's P/D proxy) is exported.
+plan whose disaggregated models emit their first token from the decode instance (vLLM's P/D proxy) is
+exported. A colocated instance (both phases in one server) has no KV connector: it runs chunked
+prefill (`--enable-chunked-prefill`) with a step budget `--max-num-batched-tokens` of its template's
+chunk plus its decode batch. In the SkyPilot export it is one more engine task, and the control plane
+serves it as a `mixed` instance with its `chunk_tokens`.
 
 Locked by default: every export carries the deployment's API key and CurveZMQ keypair
 (:mod:`coral.runtime.deploy.secrets`) under `secrets/` (0600), and the task files refer to them by
@@ -274,8 +278,11 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
         engines = inst.engines()
         for r in range(inst.count):
             instances.append({
-                "name": f"{inst.name}-r{r}", "model": inst.model, "phase": inst.phase.value, "region": inst.region,
-                "throughput_tok_per_s": inst.throughput_tok_per_s, "scheduler_port": scheduler_port(inst.index, r),
+                # a colocated instance is the runtime's "mixed" one (coral.runtime.deploy.cluster_config.MIXED)
+                "name": f"{inst.name}-r{r}", "model": inst.model, "phase": "mixed" if inst.colocated else inst.phase.value,
+                "region": inst.region, "throughput_tok_per_s": inst.throughput_tok_per_s,
+                "scheduler_port": scheduler_port(inst.index, r),
+                **({"chunk_tokens": inst.chunk_tokens} if inst.colocated else {}),
                 "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes),
                             "tp": [coral_engine_tp(e.tp, spec) for e in engines if e.stage == s],
                             "hosts": [e.host for e in engines if e.stage == s]}
@@ -354,6 +361,9 @@ def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
              f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}",
              "# stages: " + " | ".join(f"{'+'.join(s.nodes)}: layers {s.layer_start}-{s.layer_end - 1}"
                                        for s in inst.stages)]
+    if inst.colocated:
+        lines.append(f"# colocated: prefill and decode in one instance, chunked prefill of at most {inst.chunk_tokens} "
+                     f"prompt tokens per step beside a decode batch of {inst.micro_batch}; no KV transfer")
     if inst.derived:
         lines.append(f"# WARNING: derived shape(s) {', '.join(inst.derived)}: {inst.region} does not sell them; "
                      "SkyPilot picks the nearest instance with these accelerators")
@@ -421,6 +431,28 @@ def _vllm_servers(plan: PlanFile, inst: PlannedInstance) -> tuple[VllmServer, ..
     return vllm_layout([s.nodes for s in inst.stages], nodes=inst.nodes, hosts=inst.hosts or None, spec=spec)
 
 
+def _serve_command(inst: PlannedInstance, model_id: str, sv: VllmServer, *, port: int, k: int) -> str:
+    """One `vllm serve` line: server `k` of a machine, with its environment (GPUs, layer partition, NIXL port)."""
+    args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
+        "vllm", "serve", model_id, "--host", "0.0.0.0", "--port", str(port),
+        "--tensor-parallel-size", str(sv.tp), "--pipeline-parallel-size", str(sv.pp),
+    ]
+    if sv.dp > 1:
+        args += ["--data-parallel-size", str(sv.dp)]
+    if inst.colocated:  # vLLM's step budget counts every running decode's token beside the prompt chunk
+        args += ["--enable-chunked-prefill", "--max-num-batched-tokens", str(int(inst.chunk_tokens or 0) + inst.micro_batch)]
+    else:
+        args += ["--kv-transfer-config", json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))]
+    if len(sv.hosts) > 1:
+        args += ["--distributed-executor-backend", "ray"]
+    env = [] if inst.colocated else [f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + 100 * k}"]
+    if sv.pp > 1:
+        env.insert(0, "VLLM_PP_LAYER_PARTITION=" + ",".join(str(s.layers) for s in inst.stages))
+    if len(sv.hosts) == 1:  # its own GPUs of the machine (a whole node: all of them)
+        env.insert(0, "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, sv.gpus)))
+    return " ".join([*env, *(shlex.quote(a) for a in args)])
+
+
 def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> str:
     """The shell lines that start one replica of `inst` under vLLM: one `vllm serve` per server of its layout
     (:func:`coral.runtime.deploy.vllm.vllm_layout`), on the machine it names; Ray across a pipeline's machines.
@@ -442,26 +474,13 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
     # NixlConnector takes kv_both on both sides; the P/D proxy in front sends each prompt to a
     # prefill instance first, then to a decode one that pulls the KV and emits the first token
     # (vLLM's NixlConnector guide)
-    role = ("prefill: the P/D proxy sends prompts here, decode instances pull the KV" if inst.phase is Phase.PREFILL
-            else "decode: pulls the KV of prompts prefilled elsewhere and emits every token, the first included")
-    kv = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"}, separators=(",", ":"))
+    role = {Phase.PREFILL: "prefill: the P/D proxy sends prompts here, decode instances pull the KV",
+            Phase.DECODE: "decode: pulls the KV of prompts prefilled elsewhere and emits every token, the first included",
+            Phase.COLOCATED: "colocated: runs each request's prefill and decode, prompt chunks mixed into decode steps, no KV connector",
+            }[inst.phase]
 
     def command(sv: VllmServer, k: int) -> str:
-        args = [  # the API key comes from $VLLM_API_KEY (vLLM's own variable), never from the command line
-            "vllm", "serve", _hf_id(served.spec.name), "--host", "0.0.0.0", "--port", str(port + 100 * k),
-            "--tensor-parallel-size", str(sv.tp), "--pipeline-parallel-size", str(sv.pp),
-        ]
-        if sv.dp > 1:
-            args += ["--data-parallel-size", str(sv.dp)]
-        args += ["--kv-transfer-config", kv]
-        if len(sv.hosts) > 1:
-            args += ["--distributed-executor-backend", "ray"]
-        env = [f"VLLM_NIXL_SIDE_CHANNEL_PORT={NIXL_SIDE_CHANNEL_PORT + 100 * k}"]
-        if sv.pp > 1:
-            env.insert(0, f"VLLM_PP_LAYER_PARTITION={partition}")
-        if len(sv.hosts) == 1:  # its own GPUs of the machine (a whole node: all of them)
-            env.insert(0, "CUDA_VISIBLE_DEVICES=" + ",".join(map(str, sv.gpus)))
-        return " ".join(env) + " " + " ".join(shlex.quote(a) for a in args)
+        return _serve_command(inst, _hf_id(served.spec.name), sv, port=port + 100 * k, k=k)
 
     layout = "; ".join(f"machine {sv.host}: GPUs {','.join(map(str, sv.gpus))} TP {sv.tp} x PP {sv.pp} x DP {sv.dp}"
                        for sv in servers)
@@ -483,8 +502,10 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
         lines.append(command(sv, 0))
         return "\n".join(lines) + "\n"
     machines = sorted({sv.host for sv in servers})
+    front = "a load balancer takes every server as one more replica" if inst.colocated else \
+        "the P/D proxy takes every server as one more " + inst.phase.value + " instance"
     lines.append(f"# {len(servers)} vLLM servers on {len(machines)} machine(s): run this script on each machine of the "
-                 "replica with its number; the P/D proxy takes every server as one more " + inst.phase.value + " instance")
+                 "replica with its number; " + front)
     lines.append(f'MACHINE="${{1:?usage: $0 MACHINE, the machine of the replica this is (0..{machines[-1]})}}"')
     lines.append('case "$MACHINE" in')
     for h in machines:
@@ -500,13 +521,14 @@ def vllm_command(plan: PlanFile, inst: PlannedInstance, *, port: int = 8000) -> 
 
 
 def check_first_token_vllm(plan: PlanFile) -> None:
-    """Refuse a plan whose models emit their first token at the prefill instance: vLLM's P/D proxy emits it
-    from the decode instance, once the KV has arrived (the transfer counts in TTFT, not TPOT).
+    """Refuse a plan whose disaggregated models emit their first token at the prefill instance: vLLM's P/D proxy
+    emits it from the decode instance, once the KV has arrived (the transfer counts in TTFT, not TPOT). A model
+    served colocated only has no hand-off: its first token comes from its one instance either way.
 
     Raises:
         CoralError: naming the first such model and the fixes.
     """
-    for m in sorted({i.model for i in plan.instances}):
+    for m in sorted({i.model for i in plan.instances if not i.colocated}):
         mode = plan.first_token_of(m)
         if mode != "decode":
             given = "" if m in plan.first_token else " by default"

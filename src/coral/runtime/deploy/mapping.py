@@ -20,7 +20,8 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
     Nodes of one stage hold the same layers and split its micro-batches; the scheduler routes to
     them in proportion to these weights. A node's share is `1/τ_k` with `τ_k = j·t_k + o_k` its
     time for the stage's `j` layers (the placement's own timing, DESIGN §3), scaled so that the
-    stage's nodes add up to the throughput the plan states for the stage.
+    stage's nodes add up to the throughput the plan states for the stage. A colocated instance's nodes are
+    timed on its prefill shape (its prompt tokens dominate a mixed step's work).
 
     Args:
         plan: the plan file (its scenario's performance model and catalog time the nodes).
@@ -33,7 +34,8 @@ def node_weights(plan: PlanFile, inst: PlannedInstance) -> tuple[tuple[float, ..
     served = next(m for m in scenario.models if m.name == inst.model)
     spec = served.spec
     prompt = served.prompt_tokens_mean
-    shape = Shape(phase=inst.phase, batch=1, prompt_tokens=prompt,
+    phase = Phase.PREFILL if inst.colocated else inst.phase  # `Shape` takes one demand phase
+    shape = Shape(phase=phase, batch=1, prompt_tokens=prompt,
                   output_tokens=served.output_tokens_mean if inst.phase is Phase.DECODE else 0.0)
     out: list[tuple[float, ...]] = []
     n = len(inst.stages)
@@ -83,6 +85,9 @@ def stage_layout(inst: PlannedInstance, model: Any) -> list[dict[str, Any]]:
 def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
     """Every running instance of the plan (count expanded) as a `coral.runtime.deploy.cluster_config.InstanceSpec`.
 
+    A colocated instance (`Phase.COLOCATED`) becomes a `mixed` one (:data:`~coral.runtime.deploy.cluster_config.MIXED`:
+    one engine group serving both phases, no KV transfer) with the template's `chunk_tokens`.
+
     Args:
         plan: the plan file.
         models: served model name -> the cluster file's `ServedModel` (weights or seed, layers).
@@ -91,7 +96,7 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
         CoralError: a plan model the cluster file does not serve, or one whose layer count differs.
     """
     # lazy: the runtime extra (msgspec, zmq): `coral export` runs without it
-    from coral.runtime.deploy.cluster_config import InstanceSpec, StageSpec
+    from coral.runtime.deploy.cluster_config import MIXED, InstanceSpec, StageSpec
 
     specs = []
     for inst in plan.instances:
@@ -109,9 +114,9 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
                                  configs=lay["configs"], tp=max(lay["tp"]), node_tps=lay["tp"], hosts=lay["hosts"])
                        for st, w, lay in zip(inst.stages, weights, layout, strict=True))
         for r in range(inst.count):
-            specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=inst.phase,
+            specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=MIXED if inst.colocated else inst.phase,
                                       region=inst.region, throughput_tok_per_s=inst.throughput_tok_per_s,
-                                      stages=stages, seed=m.seed, weights_path=m.weights_path))
+                                      stages=stages, seed=m.seed, weights_path=m.weights_path, chunk_tokens=inst.chunk_tokens))
     return specs
 
 

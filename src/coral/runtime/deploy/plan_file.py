@@ -47,6 +47,16 @@ class PlannedInstance:
     derived: tuple[str, ...] = ()  # configurations of `nodes` the region does not sell
     # per stage, per entry: the index into `nodes` of the node it runs on (`Template.hosts`)
     hosts: tuple[tuple[int, ...], ...] = ()
+    # a colocated instance (phase COLOCATED): most prompt tokens one step carries beside its decodes, and the
+    # generated tokens/s it sustains (`throughput_tok_per_s` is then its prompt tokens/s); None otherwise
+    chunk_tokens: int | None = None
+    decode_tok_per_s: float | None = None
+    micro_batch: int = 0  # the template's micro-batch (a colocated one's decode batch); 0 = not given
+
+    @property
+    def colocated(self) -> bool:
+        """One instance serves both phases (chunked prefill, no KV transfer)."""
+        return self.phase is Phase.COLOCATED
 
     def engines(self) -> tuple[Engine, ...]:
         """Every engine of one replica, in stage order, with its node and GPUs (`coral.runtime.deploy.layout`)."""
@@ -172,8 +182,11 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
         count = int(_field(raw, "count", at))
         if count < 1:
             raise CoralError(f"{at}: field 'count' must be >= 1, got {count}")
+        phase = _phase(raw, at)
+        chunk, decode_tps = _colocated(raw, phase, at)
         instances.append(PlannedInstance(
-            index=k, model=model, phase=Phase(_field(raw, "phase", at)), region=region, count=count, nodes=nodes,
+            index=k, model=model, phase=phase, region=region, count=count, nodes=nodes, chunk_tokens=chunk,
+            decode_tok_per_s=decode_tps, micro_batch=int(raw.get("micro_batch") or 0),
             stages=tuple(stages), throughput_tok_per_s=float(_field(raw, "throughput_tok_per_s", at)),
             price_usd_per_h=float(_field(raw, "price_usd_per_h", at)),
             derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)})), hosts=hosts))
@@ -188,6 +201,31 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
         raise CoralError(f"{path}: field 'nodes' does not match the nodes of its instances; the file was edited "
                          "or truncated: re-run `coral plan --out`")
     return plan
+
+
+def _phase(raw: dict[str, Any], at: str) -> Phase:
+    value = _field(raw, "phase", at)
+    try:
+        return Phase(value)
+    except ValueError:
+        raise CoralError(f"{at}: field 'phase' is {value!r}; valid: {', '.join(p.value for p in Phase)}") from None
+
+
+def _colocated(raw: dict[str, Any], phase: Phase, at: str) -> tuple[int | None, float | None]:
+    """A colocated instance's `chunk_tokens` (>= 1) and `decode_tok_per_s` (> 0), its `micro_batch` (>= 1)
+    checked; (None, None) for the others."""
+    if phase is not Phase.COLOCATED:
+        return None, None
+    chunk = _field(raw, "chunk_tokens", at)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise CoralError(f"{at}: field 'chunk_tokens' must be an integer >= 1, got {chunk!r}; re-run `coral plan --out`")
+    decode = _field(raw, "decode_tok_per_s", at)
+    if isinstance(decode, bool) or not isinstance(decode, int | float) or not decode > 0:
+        raise CoralError(f"{at}: field 'decode_tok_per_s' must be a number > 0, got {decode!r}; re-run `coral plan --out`")
+    batch = _field(raw, "micro_batch", at)  # its decode batch: vLLM's step budget is chunk_tokens + this
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise CoralError(f"{at}: field 'micro_batch' must be an integer >= 1, got {batch!r}; re-run `coral plan --out`")
+    return chunk, float(decode)
 
 
 def _hosts(raw: dict[str, Any], nodes: tuple[str, ...], stages: list[PlannedStage], spec: Any, scenario: Scenario,

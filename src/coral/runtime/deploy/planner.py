@@ -125,12 +125,13 @@ FLOOR_TOK_PER_S = 1.0  # the demand of a (model, phase) seen idle: one instance 
 
 
 def template_key(spec: InstanceSpec) -> str | None:
-    """The template key (`model/phase/node+node...`, as `Template.key`) of an instance a plan placed;
-    None for one without node configurations (a cluster file's own shape) or a mixed one."""
-    if spec.phase == MIXED or not all(st.configs for st in spec.stages):
+    """The template key (`model/phase/node+node...`, as `Template.key`) of an instance a plan placed (a mixed
+    one is a plan's colocated instance); None for one without node configurations (a cluster file's own shape)."""
+    if not all(st.configs for st in spec.stages):
         return None
+    phase = Phase.COLOCATED.value if spec.phase == MIXED else spec.phase
     # the stages name entries (whole nodes or TP groups of them); the key names the rented nodes
-    return f"{spec.model}/{spec.phase}/" + "+".join(nodes_of([st.configs for st in spec.stages]))
+    return f"{spec.model}/{phase}/" + "+".join(nodes_of([st.configs for st in spec.stages]))
 
 
 @dataclasses.dataclass(slots=True)
@@ -201,9 +202,8 @@ class PlanPlanner:
         want = self.capacity(seen)
         rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
         prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)
-        # disaggregated until the runtime serves colocated instances (issue 27's runtime change)
         plan = allocate(self.scenario, self.library, method=self.method, demand=rows, availability=self.availability,
-                        prev=dict(prev), options=self.options, mode="disagg")
+                        prev=dict(prev), options=self.options)
         self.last_plan, self.last_demand = plan, want
         if not plan.instances:
             log.warning("live planner: the re-plan has no instance (%s); keeping the running plan", "; ".join(plan.notes))
@@ -211,7 +211,8 @@ class PlanPlanner:
         pf = parse_plan({"scenario": self.scenario.name, **plan.to_json()}, self.scenario, "the live re-plan")
         log.info("live planner: %d instance(s), %.2f $/h (%s)", sum(i.count for i in pf.instances), plan.cost_usd_per_h,
                  plan.status.value)
-        return [*plan_instance_specs(pf, dict(self.models)), *(s for s in running if s.phase == MIXED)]
+        # a hand-written mixed instance (no node configurations) is kept; a plan's colocated one is re-planned
+        return [*plan_instance_specs(pf, dict(self.models)), *(s for s in running if s.phase == MIXED and template_key(s) is None)]
 
 
 def traffic_observation(scenario: Scenario, factor: float = 1.0, *, epoch_s: float | None = None) -> EpochObservation:

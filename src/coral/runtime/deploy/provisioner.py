@@ -216,7 +216,7 @@ class LocalProvisioner(Provisioner):
         self._spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
-            "host": host, "port": sched_addr_port, **common,
+            "host": host, "port": sched_addr_port, "chunk_tokens": inst.chunk_tokens, **common,
         })  # fmt: skip
         if not self.start_engines:
             return

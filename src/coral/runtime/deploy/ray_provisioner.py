@@ -270,7 +270,7 @@ class RayProvisioner(Provisioner):
         spawn(f"{inst.name}/scheduler", "scheduler", {
             "instance_id": inst.name, "model": inst.model, "phase": inst.phase, "region": inst.region,
             "throughput_tok_per_s": inst.throughput_tok_per_s, "nodes": nodes, "coordinator": coordinator,
-            "host": host, "port": port, **common}, where["scheduler"], {"CPU": 0.05})
+            "host": host, "port": port, "chunk_tokens": inst.chunk_tokens, **common}, where["scheduler"], {"CPU": 0.05})
         tps = [tp for st in inst.stages for tp in st.tps]
         for n, tp in zip(nodes, tps, strict=True):
             key = (int(n["stage"]), int(n["node_index"]))

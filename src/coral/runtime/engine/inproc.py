@@ -61,6 +61,7 @@ def start_inproc_instance(
     kv_block_size: int = 0,
     heartbeat_timeout_s: float = 2.0,
     max_batch_requests: int = 64,
+    chunk_tokens: int = 0,
     step_trace: Callable[[tuple[Any, ...]], None] | None = None,
 ) -> InprocInstance:
     """Load an instance's shards and start its scheduler and engines as threads.
@@ -72,7 +73,7 @@ def start_inproc_instance(
         seed: weight seed.
         stages: (layer_start, layer_end, node count or per-node throughputs) per stage.
         phase, region, model, coordinator, throughput_tok_per_s, micro_batches, heartbeat_timeout_s,
-            max_batch_requests, step_trace: see :class:`~coral.runtime.engine.scheduling.InstanceScheduler`.
+            max_batch_requests, chunk_tokens, step_trace: see :class:`~coral.runtime.engine.scheduling.InstanceScheduler`.
         kv_cache_gib, kv_block_size: each engine's KV pool (see :class:`EngineNode`).
 
     Returns:
@@ -89,7 +90,8 @@ def start_inproc_instance(
     sch = Scheduler(
         InprocTransport(hub, name), instance_id=name, model=model, phase=phase, region=region,
         throughput_tok_per_s=throughput_tok_per_s, nodes=slots, coordinator=coordinator, micro_batches=micro_batches,
-        heartbeat_timeout_s=heartbeat_timeout_s, max_batch_requests=max_batch_requests, step_trace=step_trace,
+        heartbeat_timeout_s=heartbeat_timeout_s, max_batch_requests=max_batch_requests, chunk_tokens=chunk_tokens,
+        step_trace=step_trace,
     )  # fmt: skip
     engines = []
     for sl in slots:

@@ -9,7 +9,10 @@ owns the transport and the clock, as vLLM v1's ``EngineCoreProc`` does around ``
 - **which requests to batch** (:meth:`InstanceScheduler.step`): running requests are split into
   ``micro_batches`` groups (default one per stage) so the stages work on different groups at once;
   each time a group's micro-batch comes back it is re-formed (finished requests leave, waiting ones
-  join, first come first served, within ``max_batch_requests`` / ``max_batch_tokens``);
+  join, first come first served, within ``max_batch_requests`` / ``max_batch_tokens``); with
+  ``chunk_tokens`` (chunked prefill, as vLLM and Sarathi-Serve schedule it) a step carries every
+  running decode plus at most that many prompt tokens: a long prompt is fed over several steps, its
+  KV built chunk by chunk, and only its last chunk's token is kept (:mod:`~coral.runtime.engine.request_state`);
 - **which KV blocks**: an exact mirror of every engine node's pool (:class:`KvMirror`); a request
   joins a batch only when its route has the blocks for its next step, and one whose prompt plus
   ``max_tokens`` could never fit a node is refused at submission, so an engine never runs out;
@@ -33,11 +36,12 @@ import itertools
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from coral.policy import Lifecycle, LifecycleEvent, SmoothWRR, next_state
+from coral.policy import Lifecycle, LifecycleEvent, next_state
 from coral.runtime.engine.blocks import KvMirror
+from coral.runtime.engine.request_state import RequestState
+from coral.runtime.engine.roster import NodeKey, NodeRoster, NodeSlot
 from coral.runtime.engine.stats import SchedulerCounters
 from coral.runtime.protocol import (
     TOKEN_NO_KV,
@@ -78,38 +82,6 @@ Send = tuple[str, Message]
 StepRow = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeSlot:
-    """An engine node the scheduler expects: stage, index in the stage, layers and weight."""
-
-    stage: int
-    node_index: int
-    layer_start: int
-    layer_end: int
-    throughput_tok_per_s: float = 1.0
-
-
-@dataclass(slots=True)
-class _Req:
-    submit: Submit
-    route: tuple[str, ...] = ()
-    position: int = 0  # tokens already in the KV cache
-    pending: tuple[int, ...] = ()  # tokens to feed next
-    generated: list[int] = field(default_factory=list)
-    group: int = -1
-    kv_layers: int = 0
-    kv_deadline: float = 0.0
-    kv_t0: float = 0.0  # when its KV hand-off was asked for (decode side)
-    kv_bytes: int = 0  # KV bytes loaded for it so far
-    history: tuple[int, ...] = ()  # tokens this route has not been fed (a decode hand-off), sent once
-    t_arrived: float = 0.0
-    queue_s: float = -1.0  # time from arrival to the first batch (-1 = not yet reported)
-    kv_id: str = ""  # the engines' key for this request's KV (changes when it is recomputed)
-    admitted: int = 0  # admission order: the youngest is preempted first
-    preemptions: int = 0
-    first_out: TokenOut | None = None  # decode side: the first token to send once the KV is in (first_token "decode")
-
-
 class InstanceScheduler:
     """One instance's scheduling decisions: :meth:`handle` an event, :meth:`step` the time.
 
@@ -120,7 +92,8 @@ class InstanceScheduler:
         coordinator: where to register once all nodes are up ("" = nobody).
         micro_batches: groups in flight at once; 0 = number of stages.
         max_batch_requests: most requests per micro-batch.
-        max_batch_tokens: most tokens per micro-batch (a prompt counts whole).
+        max_batch_tokens: most tokens per micro-batch (a prompt, or its chunk, counts whole).
+        chunk_tokens: most prompt tokens one micro-batch carries, decodes not counted (0 = whole prompts).
         kv_timeout_s: a decode hand-off whose KV has not arrived by then fails.
         heartbeat_s: how often to heartbeat the engines and the coordinator.
         heartbeat_timeout_s: an engine node silent this long is dead (0 = never).
@@ -146,6 +119,7 @@ class InstanceScheduler:
         micro_batches: int = 0,
         max_batch_requests: int = 64,
         max_batch_tokens: int = 4096,
+        chunk_tokens: int = 0,
         kv_timeout_s: float = 30.0,
         heartbeat_s: float = 0.25,
         heartbeat_timeout_s: float = 2.0,
@@ -153,20 +127,20 @@ class InstanceScheduler:
     ) -> None:
         if not nodes:
             raise ValueError(f"instance {instance_id}: a scheduler needs at least one engine node")
+        if chunk_tokens < 0:
+            raise ValueError(f"instance {instance_id}: chunk_tokens must be >= 1 (or 0: whole prompts), got {chunk_tokens}")
         self.address = address
         self.instance_id, self.model, self.phase, self.region = instance_id, model, InstancePhase(phase), region
         self.throughput = throughput_tok_per_s
         self.coordinator = coordinator
-        self.slots = {(n.stage, n.node_index): n for n in nodes}
-        self.num_stages = 1 + max(n.stage for n in nodes)
-        self.num_layers = max(n.layer_end for n in nodes)
-        self.addresses: dict[tuple[int, int], str] = {}
-        # per stage: node indices in order, and the shared policy's smooth WRR over their throughputs
-        self.stage_nodes = [sorted(n.node_index for n in nodes if n.stage == s) for s in range(self.num_stages)]
-        self.wrr = [SmoothWRR([self.slots[(s, k)].throughput_tok_per_s for k in self.stage_nodes[s]]) for s in range(self.num_stages)]
+        self.nodes = NodeRoster(nodes)
+        self.slots = self.nodes.slots
+        self.num_stages, self.num_layers = self.nodes.num_stages, self.nodes.num_layers
         self.groups = micro_batches or self.num_stages
         self.max_batch_requests = max_batch_requests
         self.max_batch_tokens = max_batch_tokens
+        self.chunk_tokens = chunk_tokens
+        self._budget: int | None = None  # prompt tokens the group being formed may still take (None: no chunking)
         self.kv_timeout_s = kv_timeout_s
         self.heartbeat_s = heartbeat_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
@@ -175,15 +149,13 @@ class InstanceScheduler:
         self.ready = False  # every node said hello (READY happened)
         self.failed = ""  # why the instance failed ("" = it has not)
         self.shut_down = False  # a Shutdown came: the shell stops
-        self.reqs: dict[str, _Req] = {}
+        self.reqs: dict[str, RequestState] = {}
         self.waiting: deque[str] = deque()
         self.members: list[list[str]] = [[] for _ in range(self.groups)]
         self.in_flight: dict[int, tuple[int, set[str]]] = {}  # batch id -> (group, outstanding ids)
         self.busy = [False] * self.groups
         self.kv = KvMirror()
         self.admit_queue: deque[DecodeAdmit] = deque()  # decode hand-offs waiting for KV space
-        self.dead: set[tuple[int, int]] = set()  # nodes lost; their stage still has others
-        self.dead_addrs: set[str] = set()
         # KV ids dropped while a micro-batch still carried them -> their route: a later stage may
         # have allocated blocks after our Release passed it, so the batch's result releases again
         self.stale: dict[str, tuple[str, ...]] = {}
@@ -192,7 +164,6 @@ class InstanceScheduler:
         self._batch_ids = itertools.count(1)
         self._admissions = itertools.count(1)
         self._last_beat = float("-inf")
-        self._engine_seen: dict[tuple[int, int], float] = {}
         self._step_meta: dict[int, tuple[int, int, int, float]] = {}  # batch id -> (requests, tokens, context, sent)
         self.counters = SchedulerCounters()  # for the coordinator's metrics (InstanceStats in the heartbeat)
         self._outbox: dict[str, list[TokenOut]] = {}  # reply address -> this step's tokens, not sent yet
@@ -271,7 +242,7 @@ class InstanceScheduler:
                 self._send(src.address, Release(request_ids=(admit.kv_id or admit.submit.request_id,)))
 
     def _on_shutdown(self, msg: Shutdown) -> None:
-        for addr in self.addresses.values():
+        for addr in self.nodes.addresses.values():
             self._send(addr, msg)
         self.shut_down = True
 
@@ -298,38 +269,35 @@ class InstanceScheduler:
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         if msg.role is not Role.ENGINE:
             return  # the coordinator's heartbeat: nothing to do, it is alive
-        for key, addr in self.addresses.items():
-            if addr == msg.sender:
-                self._engine_seen[key] = self._now
+        self.nodes.heard(msg.sender, self._now)
 
     def _heartbeat(self) -> None:
         now = self._now
         if now - self._last_beat >= self.heartbeat_s:
             self._last_beat = now
             beat = Heartbeat(sender=self.address, role=Role.SCHEDULER, instance_id=self.instance_id, state=self.state)
-            for addr in self.addresses.values():
+            for addr in self.nodes.addresses.values():
                 self._send(addr, beat)
             self._beat_coordinator()
         if self.heartbeat_timeout_s > 0:
-            dead = [k for k, t in self._engine_seen.items() if k not in self.dead and now - t > self.heartbeat_timeout_s]
+            dead = self.nodes.silent(now, self.heartbeat_timeout_s)
             if dead:
                 self._nodes_lost(dead)
 
-    def _nodes_lost(self, dead: list[tuple[int, int]]) -> None:
+    @property
+    def dead(self) -> set[NodeKey]:
+        """The nodes lost (their stages still have others)."""
+        return self.nodes.dead
+
+    def _nodes_lost(self, dead: list[NodeKey]) -> None:
         """Route around dead nodes; fail the instance only when a stage has none left."""
-        lost = set(dead) | self.dead
-        empty = [s for s in range(self.num_stages) if all((s, k) in lost for k in self.stage_nodes[s])]
+        empty = self.nodes.stages_left_empty(dead)
         names = ", ".join(f"{s}/{i}" for s, i in sorted(dead))
         if empty:
             self._instance_failed(f"engine node(s) {names} silent for over {self.heartbeat_timeout_s:.1f} s; stage {empty[0]} has no node left")
             return
         log.warning("scheduler %s: engine node(s) %s lost; routing around them", self.instance_id, names)
-        self.dead = lost
-        gone = {self.addresses[k] for k in dead if k in self.addresses}
-        self.dead_addrs |= gone
-        for s in {k[0] for k in dead}:
-            self.stage_nodes[s] = [k for k in self.stage_nodes[s] if (s, k) not in lost]
-            self.wrr[s] = SmoothWRR([self.slots[(s, k)].throughput_tok_per_s for k in self.stage_nodes[s]])
+        gone = self.nodes.remove(dead)
         for addr in gone:
             self.kv.pools.pop(addr, None)
         for r in list(self.reqs.values()):
@@ -345,7 +313,7 @@ class InstanceScheduler:
                 del self.in_flight[bid]
                 self.busy[g] = False
                 for kv_id in dropped:
-                    for a in set(self.stale.pop(kv_id, ())) - self.dead_addrs:
+                    for a in set(self.stale.pop(kv_id, ())) - self.nodes.dead_addrs:
                         self._send(a, Release(request_ids=(kv_id,)))
 
     def _instance_failed(self, reason: str) -> None:
@@ -357,40 +325,30 @@ class InstanceScheduler:
         for r in list(self.reqs.values()):
             self._remove(r)
             self._finish_error(r.submit, f"instance {self.instance_id} failed: {reason}", retryable=True)
-        for key, addr in self.addresses.items():
-            if key not in self._engine_seen or self._now - self._engine_seen[key] <= self.heartbeat_timeout_s:
+        for key, addr in self.nodes.addresses.items():
+            if self.nodes.alive(key, self._now, self.heartbeat_timeout_s):
                 self._send(addr, Shutdown(reason=f"instance failed: {reason}"))
 
     # --------------------------------------------------------------- registration
 
     def _on_hello(self, msg: EngineHello) -> None:
-        slot = self.slots.get((msg.stage, msg.node_index))
-        if slot is None or (slot.layer_start, slot.layer_end) != (msg.layer_start, msg.layer_end):
+        if not self.nodes.hello((msg.stage, msg.node_index), (msg.layer_start, msg.layer_end), msg.address, self._now):
             log.warning("scheduler %s: unexpected engine %s", self.instance_id, msg)
             return
-        self.addresses[(msg.stage, msg.node_index)] = msg.address
-        self._engine_seen[(msg.stage, msg.node_index)] = self._now
         self.kv.announce(msg.address, msg.kv_blocks, msg.kv_block_size)
-        if not self.ready and len(self.addresses) == len(self.slots):
+        if not self.ready and self.nodes.complete:
             self.ready = True
             self.state = next_state(self.state, LifecycleEvent.READY, in_flight=0)
             log.info("scheduler %s: all %d nodes up", self.instance_id, len(self.slots))
             if self.coordinator:
                 self._send(self.coordinator, self._hello_msg())
 
-    def _pick_route(self) -> tuple[str, ...]:
-        return tuple(self.addresses[(s, self.stage_nodes[s][self.wrr[s].pick()])] for s in range(self.num_stages))
-
-    def _stage_layers(self, route: tuple[str, ...]) -> list[tuple[str, int, int]]:
-        by_addr = {a: self.slots[k] for k, a in self.addresses.items()}
-        return [(a, by_addr[a].layer_start, by_addr[a].layer_end) for a in route]
-
     # --------------------------------------------------------------- preemption
 
-    def _unledger(self, r: _Req) -> None:
+    def _unledger(self, r: RequestState) -> None:
         self.kv.free(r.route, r.kv_id)
 
-    def _mark_stale(self, r: _Req) -> bool:
+    def _mark_stale(self, r: RequestState) -> bool:
         """Whether ``r``'s KV rides in a micro-batch in flight: then it is released when that batch comes
         back (every stage has run it by then), not now. Released now, a later stage could see the batch
         after the release and look for KV that is gone (a stop string or a client that left cancels
@@ -400,13 +358,13 @@ class InstanceScheduler:
             return True
         return False
 
-    def _release_kv(self, r: _Req) -> None:
+    def _release_kv(self, r: RequestState) -> None:
         """Tell ``r``'s route to drop its KV: now, or when its micro-batch in flight is back."""
         if not self._mark_stale(r):
-            for a in set(r.route) - self.dead_addrs:
+            for a in set(r.route) - self.nodes.dead_addrs:
                 self._send(a, Release(request_ids=(r.kv_id,)))
 
-    def _preempt(self, r: _Req) -> None:
+    def _preempt(self, r: RequestState) -> None:
         """Release ``r``'s KV and queue it at the front, to be prefilled again (recompute)."""
         rid = r.submit.request_id
         self._release_kv(r)
@@ -426,7 +384,7 @@ class InstanceScheduler:
             self.waiting.remove(rid)
         self.waiting.appendleft(rid)
 
-    def _victim(self, addr: str, busy: set[str]) -> _Req | None:
+    def _victim(self, addr: str, busy: set[str]) -> RequestState | None:
         """The youngest request holding blocks on ``addr`` that is not in a micro-batch in flight."""
         best = None
         for kv_id in self.kv.holders(addr):
@@ -455,7 +413,7 @@ class InstanceScheduler:
         if cap and len(sub.prompt) + sub.max_tokens > cap:
             self._finish_error(sub, f"prompt ({len(sub.prompt)} tokens) + max_tokens ({sub.max_tokens}) exceeds the KV cache of a node of instance {self.instance_id} ({cap} tokens)")
             return
-        r = _Req(submit=sub, pending=sub.prompt, kv_id=sub.request_id, t_arrived=self._now)
+        r = RequestState(submit=sub, pending=sub.prompt, kv_id=sub.request_id, t_arrived=self._now)
         self.reqs[sub.request_id] = r
         self.kv.by_kv[r.kv_id] = sub.request_id
         self.waiting.append(sub.request_id)
@@ -475,7 +433,7 @@ class InstanceScheduler:
         while self.admit_queue:
             msg = self.admit_queue[0]
             sub = msg.submit
-            route = self._pick_route()
+            route = self.nodes.pick_route()
             need = len(sub.prompt) + 1
             if not self.kv.fits(route, sub.request_id, need):
                 return  # the prefill nodes keep the KV until blocks free up here
@@ -484,7 +442,7 @@ class InstanceScheduler:
 
     def _start_decode(self, msg: DecodeAdmit, route: tuple[str, ...], need: int) -> None:
         sub = msg.submit
-        r = _Req(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
+        r = RequestState(submit=sub, route=route, position=len(sub.prompt), pending=(msg.generated[-1],), kv_id=sub.request_id)
         r.generated = list(msg.generated)
         r.first_out = msg.first_out
         r.history = sub.prompt + msg.generated[:-1]
@@ -494,7 +452,7 @@ class InstanceScheduler:
         self.reqs[sub.request_id] = r
         self.kv.by_kv[r.kv_id] = sub.request_id
         self.kv.grow(route, r.kv_id, need)
-        targets = tuple(KvTarget(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
+        targets = tuple(KvTarget(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self.nodes.stage_layers(r.route))
         for src in msg.sources:
             mine = tuple(t for t in targets if max(t.layer_start, src.layer_start) < min(t.layer_end, src.layer_end))
             self._send(src.address, KvSend(request_id=sub.request_id, targets=mine, notify=self.address, kv_id=msg.kv_id))
@@ -532,26 +490,36 @@ class InstanceScheduler:
         for g in range(self.groups):
             if self.busy[g]:
                 continue
+            self._budget = self.chunk_tokens or None
             self._reserve_members(g)
             self._fill_group(g, min(target, self.max_batch_requests))
-            if self.members[g]:
+            if any(self.reqs[rid].chunk for rid in self.members[g]):
                 self._dispatch(g)
+
+    def _plan_chunk(self, r: RequestState) -> int:
+        """The tokens ``r``'s next step carries, charged to the group's prompt-token budget."""
+        n = r.plan_chunk(self._budget)
+        if self._budget is not None and r.prefilling:
+            self._budget -= n
+        return n
 
     def _fill_group(self, g: int, size: int) -> None:
         """Waiting requests join group ``g``, first come first served, while they and their blocks fit."""
         members = self.members[g]
-        tokens = sum(len(self.reqs[rid].pending) for rid in members)
+        tokens = sum(self.reqs[rid].chunk for rid in members)
         while self.waiting and len(members) < size:
             r = self.reqs.get(self.waiting[0])
             if r is None:
                 self.waiting.popleft()
                 continue
-            if members and tokens + len(r.pending) > self.max_batch_tokens:
-                break
-            route = r.route or self._pick_route()
-            end = r.position + len(r.pending)
+            n = r.plan_chunk(self._budget)  # what it would carry; charged once it joins
+            if n == 0 or (members and tokens + n > self.max_batch_tokens):
+                break  # the step's prompt tokens are spent: it waits for the next
+            route = r.route or self.nodes.pick_route()
+            end = r.position + n
             if not self.kv.fits(route, r.kv_id, end):
                 break  # first come, first served: wait for blocks (running requests finish or are preempted)
+            self._plan_chunk(r)
             self.waiting.popleft()
             r.route = route
             if not r.admitted:
@@ -561,7 +529,7 @@ class InstanceScheduler:
             if r.queue_s < 0 and r.t_arrived:
                 r.queue_s = self._now - r.t_arrived
             members.append(r.submit.request_id)
-            tokens += len(r.pending)
+            tokens += n
 
     def _reserve_members(self, g: int) -> None:
         """Reserve the next step's blocks of group ``g``'s members, preempting where a node is full."""
@@ -570,7 +538,7 @@ class InstanceScheduler:
             r = self.reqs.get(rid)
             if r is None or r.group != g:
                 continue
-            end = r.position + len(r.pending)
+            end = r.position + self._plan_chunk(r)
             while not self.kv.fits(r.route, r.kv_id, end):
                 victim = self._victim(self.kv.full_node(r.route, r.kv_id, end), busy)
                 if victim is None or victim.admitted <= r.admitted:
@@ -584,10 +552,10 @@ class InstanceScheduler:
     def _dispatch(self, g: int) -> None:
         bid = next(self._batch_ids)
         by_node: dict[str, list[BatchItem]] = {}
-        for rid in self.members[g]:
-            r = self.reqs[rid]
+        rs = [self.reqs[rid] for rid in self.members[g] if self.reqs[rid].chunk]  # chunk 0: sits this step out
+        for r in rs:
             item = BatchItem(
-                request_id=r.kv_id, position=r.position, token_ids=r.pending, hidden=None, route=r.route,
+                request_id=r.kv_id, position=r.position, token_ids=r.pending[: r.chunk], hidden=None, route=r.route,
                 temperature=r.submit.temperature, seed=r.submit.seed, step=len(r.generated),
                 sampling=r.submit.sampling, history=r.history,
             )  # fmt: skip
@@ -595,18 +563,17 @@ class InstanceScheduler:
             by_node.setdefault(r.route[0], []).append(item)
         for addr, items in by_node.items():
             self._send(addr, ForwardBatch(batch_id=bid, reply_to=self.address, items=tuple(items)))
-        self.in_flight[bid] = (g, {self.reqs[rid].kv_id for rid in self.members[g]})
+        self.in_flight[bid] = (g, {r.kv_id for r in rs})
         self.busy[g] = True
         self.counters.step(sum(len(it.token_ids) for items in by_node.values() for it in items))
         if self.step_trace is not None:
-            rs = [self.reqs[rid] for rid in self.members[g]]
-            self._step_meta[bid] = (len(rs), sum(len(r.pending) for r in rs), sum(r.position + len(r.pending) for r in rs), self._now)
+            self._step_meta[bid] = (len(rs), sum(r.chunk for r in rs), sum(r.position + r.chunk for r in rs), self._now)
 
     def _on_result(self, msg: ForwardResult) -> None:
         for it in msg.items:
             route = self.stale.pop(it.request_id, None)
             if route:
-                for a in set(route) - self.dead_addrs:
+                for a in set(route) - self.nodes.dead_addrs:
                     self._send(a, Release(request_ids=(it.request_id,)))
         entry = self.in_flight.get(msg.batch_id)
         if entry is None:
@@ -642,7 +609,11 @@ class InstanceScheduler:
                 continue
             self._advance(r, it)
 
-    def _advance(self, r: _Req, it: TokenItem) -> None:
+    def _advance(self, r: RequestState, it: TokenItem) -> None:
+        if r.chunk_is_partial:  # a prompt chunk: its KV is in, the token sampled after it is not one
+            r.position += r.chunk
+            r.pending = r.pending[r.chunk :]
+            return
         sub = r.submit
         token = it.token
         r.position += len(r.pending)
@@ -679,9 +650,9 @@ class InstanceScheduler:
         for addr, outs in box.items():
             self._send(addr, outs[0] if len(outs) == 1 else TokenOuts(outs=tuple(outs)))
 
-    def _hand_off(self, r: _Req, held: TokenOut | None = None) -> None:
+    def _hand_off(self, r: RequestState, held: TokenOut | None = None) -> None:
         self._flush_tokens()  # the first token reaches the coordinator before the decode instance's
-        sources = tuple(KvSource(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self._stage_layers(r.route))
+        sources = tuple(KvSource(address=a, layer_start=lo, layer_end=hi) for a, lo, hi in self.nodes.stage_layers(r.route))
         self._remove(r)
         self._unledger(r)
         self._send(r.submit.decode_to, DecodeAdmit(submit=r.submit, generated=tuple(r.generated), sources=sources, kv_id=r.kv_id,
@@ -689,7 +660,7 @@ class InstanceScheduler:
 
     # --------------------------------------------------------------- endings
 
-    def _remove(self, r: _Req) -> None:
+    def _remove(self, r: RequestState) -> None:
         rid = r.submit.request_id
         self.reqs.pop(rid, None)
         self.kv.by_kv.pop(r.kv_id, None)
@@ -698,12 +669,12 @@ class InstanceScheduler:
         if rid in self.waiting:
             self.waiting.remove(rid)
 
-    def _release(self, r: _Req) -> None:
+    def _release(self, r: RequestState) -> None:
         self._release_kv(r)
         self._unledger(r)
         self._remove(r)
 
-    def _fail(self, r: _Req, error: str, retryable: bool = False) -> None:
+    def _fail(self, r: RequestState, error: str, retryable: bool = False) -> None:
         log.warning("scheduler %s: request %s failed: %s", self.instance_id, r.submit.request_id, error)
         self._release(r)
         self._finish_error(r.submit, error, retryable)

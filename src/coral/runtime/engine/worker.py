@@ -143,6 +143,7 @@ def run_scheduler(spec: dict[str, Any], parent: int) -> None:
         t, instance_id=spec["instance_id"], model=spec["model"], phase=spec["phase"], region=spec["region"],
         throughput_tok_per_s=float(spec["throughput_tok_per_s"]), nodes=[NodeSlot(**n) for n in spec["nodes"]],
         coordinator=spec.get("coordinator", ""), micro_batches=int(spec.get("micro_batches", 0)),
+        chunk_tokens=int(spec.get("chunk_tokens") or 0),
         heartbeat_s=float(spec.get("heartbeat_s", 0.25)), heartbeat_timeout_s=float(spec.get("heartbeat_timeout_s", 2.0)),
         step_trace=step_trace if trace_file is not None else None,
     )  # fmt: skip
