@@ -11,8 +11,8 @@ from coral.allocator import Plan
 from coral.allocator.demand import capacity_targets
 from coral.atomic import write_bytes
 from coral.errors import CoralError
-from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.experiments.pipeline import plan as solve
+from coral.experiments.pipeline import plan_specs, prepare, scaled_scenario
 from coral.perf.model import Phase
 from coral.sim import SimResult, simulate
 from coral.slo import Slo, component_quantile, phase_attainment, request_attainment
