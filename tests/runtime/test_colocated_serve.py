@@ -24,7 +24,7 @@ from coral.runtime.engine.model import BUILTIN_CONFIGS
 
 from .conftest import http
 from .test_pipeline_inproc import reference
-from .test_serve_plan import _cluster
+from .test_serve_plan import phi_cluster
 from .test_skypilot_local import CONFIG
 
 CHUNK = 8
@@ -36,7 +36,7 @@ N = 6
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     _, plan = write_layout_plan(tmp_path_factory.mktemp("colo"), [{**COLOCATED, "chunk_tokens": CHUNK}])
-    cluster = cluster_from_plan_file(parse_cluster(_cluster(40)), str(plan))
+    cluster = cluster_from_plan_file(parse_cluster(phi_cluster(40)), str(plan))
     dep = Deployment(cluster, http_port=0)
     dep.start(timeout_s=180)
     try:
