@@ -118,7 +118,7 @@ def kv_intake_per_output(sample: Trace, kv_tokens: Callable[[float], float], epo
     lengths, where = np.unique(p, return_inverse=True)  # once per distinct length
     kv = np.array([kv_tokens(float(x)) for x in lengths])[where]
     epochs = max(1, math.ceil(span / epoch_s - 1e-9))
-    idx = np.minimum((np.asarray(sample.arrival_s, dtype=float) // epoch_s).astype(np.int64), epochs - 1)
+    idx = np.clip((np.asarray(sample.arrival_s, dtype=float) // epoch_s).astype(np.int64), 0, epochs - 1)
     per_epoch = np.bincount(idx, weights=kv, minlength=epochs)
     length_s = np.minimum(epoch_s, span - epoch_s * np.arange(epochs))
     return float(np.quantile(per_epoch / length_s, quantile)) / out_rate
