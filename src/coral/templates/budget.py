@@ -27,13 +27,26 @@
   median NIC is the smaller share of its allowance. Both phases are also capped in throughput by the KV
   their NICs can move (`KvModel.rate_tokens`): a prefill template sends `E[K(P)] / E[P]` KV tokens
   per prompt token it serves (1 without sliding layers), a decode template receives
-  `E[K(P)] / E[D]` per token it generates.
+  `KvModel.prompt_per_output` per token it generates.
+- **The KV intake** of the decode instances is a resource of its own: over each re-planning epoch
+  `w` of the model's traffic sample they must take in `I_w = Σ_w K(P) / epoch` KV tokens/s, and a
+  plan's decode capacity `C` (tokens/s, sized on output tokens: `C ≥ T`, the sample's mean output
+  rate) does not move with the prompt/output ratio, which swings between epochs (azure-conv:
+  ratio 6.9 in one epoch, 4.35 in the next, 5.34 on average). `kv_intake_per_output` is the
+  attainment quantile of `I_w` over the epochs divided by `T`; the decode templates' NIC cap uses
+  it (`prompt_per_output`, never below the mean ratio), so a template whose NIC binds supplies
+  Θ ≤ NIC / (that ratio · bytes), and any plan with `Σ Θ ≥ C ≥ T` has decode NICs taking in at
+  least the quantile epoch's KV. The ILP keeps its one tokens/s row per (model, phase); templates
+  whose compute binds first are unaffected (their NICs already have the room).
 """
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from coral.catalog.catalog import DEFAULT_NETWORK_GBPS
 from coral.catalog.hardware import NodeConfig, gbps_bytes_per_s
@@ -41,6 +54,7 @@ from coral.catalog.models import ModelSpec
 from coral.perf.model import Phase
 from coral.slo import Slo
 from coral.workload.summary import LengthSummary
+from coral.workload.trace import Trace
 
 FIRST_TOKEN_MODES = ("auto", "prefill", "decode")
 
@@ -53,7 +67,8 @@ class KvModel:
     bytes_per_token: float  # KV bytes of one KV token, all layers (L * kv_l)
     prompt_q: float  # the quantile prompt's KV tokens, K(P_q) (they count in TTFT in "decode" mode)
     per_output_q: float  # the quantile of K(P) / (D - 1) (KV tokens per output token, "prefill" mode)
-    prompt_per_output: float  # E[K(P)] / E[D]: KV tokens a decode instance receives per token it generates
+    prompt_per_output: float  # KV tokens a decode template's NICs are sized to receive per token it generates:
+    # E[K(P)] / E[D], or the quantile epoch's intake over the mean output rate where higher (kv_intake_per_output)
     prompt_share: float = 1.0  # E[K(P)] / E[P]: KV tokens a prefill instance sends per prompt token
     allowance_ms: float  # what the quantile request's transfer may take of the SLO it counts in
 
@@ -81,10 +96,41 @@ class KvModel:
         return self.prompt_share if phase is Phase.PREFILL else self.prompt_per_output
 
 
+def kv_intake_per_output(sample: Trace, kv_tokens: Callable[[float], float], epoch_s: float,
+                         quantile: float) -> float | None:
+    """KV tokens the decode instances must take in per output token of the sample's mean rate: the
+    `quantile` over the sample's epochs (`epoch_s` long, from 0; a last partial epoch counts over
+    its own length) of each epoch's KV tokens/s, over the whole sample's output tokens/s (module
+    docstring). None for a sample without requests or window.
+
+    Raises:
+        ValueError: `epoch_s` not > 0 or `quantile` outside (0, 1).
+    """
+    if not epoch_s > 0:
+        raise ValueError(f"epoch_s must be > 0, got {epoch_s}")
+    if not 0 < quantile < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+    span = float(sample.window_s or 0.0)
+    if not len(sample) or not span > 0:
+        return None
+    p = np.maximum(sample.prompt_tokens.astype(float), 1.0)
+    out_rate = float(np.maximum(sample.output_tokens.astype(float), 1.0).sum()) / span
+    lengths, where = np.unique(p, return_inverse=True)  # once per distinct length
+    kv = np.array([kv_tokens(float(x)) for x in lengths])[where]
+    epochs = max(1, math.ceil(span / epoch_s - 1e-9))
+    idx = np.clip((np.asarray(sample.arrival_s, dtype=float) // epoch_s).astype(np.int64), 0, epochs - 1)
+    per_epoch = np.bincount(idx, weights=kv, minlength=epochs)
+    length_s = np.minimum(epoch_s, span - epoch_s * np.arange(epochs))
+    return float(np.quantile(per_epoch / length_s, quantile)) / out_rate
+
+
 def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequence[NodeConfig],
-             first_token: str = "auto", ttft_share: float = 0.25, tpot_share: float = 0.1) -> KvModel:
+             first_token: str = "auto", ttft_share: float = 0.25, tpot_share: float = 0.1,
+             intake_per_output: float | None = None) -> KvModel:
     """The model's KV model; `first_token` "auto" picks the mode as the module docstring says, and
-    the allowance is `ttft_share` of TTFT ("decode" mode) or `tpot_share` of TPOT ("prefill")."""
+    the allowance is `ttft_share` of TTFT ("decode" mode) or `tpot_share` of TPOT ("prefill").
+    `intake_per_output` (`kv_intake_per_output`) raises the decode templates' KV per output token
+    above the mean ratio `E[K(P)] / E[D]` where the sample's epochs swing above it."""
     if first_token not in FIRST_TOKEN_MODES:
         raise ValueError(f"first_token must be one of {', '.join(FIRST_TOKEN_MODES)}, got {first_token!r}")
     per_token = model.num_layers * model.kv_bytes_per_token_layer
@@ -97,7 +143,7 @@ def kv_model(model: ModelSpec, lengths: LengthSummary, slo: Slo, configs: Sequen
     allowance = ttft_share * slo.ttft_ms if mode == "decode" else tpot_share * slo.tpot_ms
     return KvModel(first_token=mode, bytes_per_token=per_token, prompt_q=lengths.kv_prompt_q,
                    per_output_q=lengths.kv_per_token_q,
-                   prompt_per_output=lengths.kv_prompt_mean / max(lengths.output_mean, 1.0),
+                   prompt_per_output=max(lengths.kv_prompt_mean / max(lengths.output_mean, 1.0), intake_per_output or 0.0),
                    prompt_share=lengths.kv_prompt_mean / lengths.prompt_mean, allowance_ms=allowance)
 
 

@@ -30,7 +30,7 @@ from coral.scenario.traffic import (
     traffic_sample,
 )
 from coral.slo import Slo, component_quantile
-from coral.templates.budget import KvModel, kv_model, latency_budget_ms
+from coral.templates.budget import KvModel, kv_intake_per_output, kv_model, latency_budget_ms
 from coral.workload.summary import LengthSummary
 from coral.workload.trace import Trace
 
@@ -112,7 +112,8 @@ def model_planning(scenario: Scenario, model: str) -> ModelPlanning:
     lengths = length_summary(drawn, quantile, model, served.spec.effective_context)
     configs = model_configs(scenario, model)
     kv = kv_model(served.spec, lengths, served.slo, configs, planner.first_token, planner.kv_ttft_share,
-                  planner.kv_tpot_share)
+                  planner.kv_tpot_share, kv_intake_per_output(history, served.spec.effective_context,
+                                                              planner.epoch_s, quantile))
     budgets = {ph: latency_budget_ms(served.slo, ph, ttft_headroom=planner.ttft_headroom,
                                      tpot_headroom=planner.tpot_headroom, kv=kv) for ph in Phase}
     return ModelPlanning(model=model, slo=served.slo, quantile=quantile, lengths=lengths, kv=kv,
