@@ -337,6 +337,31 @@ def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: 
     return {key: max(floor, math.ceil(v / gpus.get(key[1], 1) - 1e-9)) for key, v in share.items()}
 
 
+def _demand_problems(plan: Plan, inputs: AllocationInputs, cap: Mapping[tuple[str, Phase], float]) -> list[str]:
+    """`verify_plan`'s demand checks: each (model, phase)'s demand line, capacity ≥ α·demand, α the least fraction."""
+    problems: list[str] = []
+    fractions = []
+    lines = {(d.model, d.phase): d for d in plan.demand}
+    for g in inputs.groups:
+        d = inputs.demand[g]
+        have = cap.get(g, 0.0)
+        line = lines.get(g)
+        if line is None:
+            problems.append(f"{g[0]}/{g[1].value}: no demand line")
+        else:
+            if not math.isclose(line.demand_tok_per_s, d, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{g[0]}/{g[1].value}: demand line {line.demand_tok_per_s} != {d}")
+            if not math.isclose(line.capacity_tok_per_s, have, rel_tol=1e-9, abs_tol=1e-9):
+                problems.append(f"{g[0]}/{g[1].value}: capacity line {line.capacity_tok_per_s} != {have}")
+        if have < plan.alpha * d * (1 - _REL_TOL) - 1e-9:
+            problems.append(f"{g[0]}/{g[1].value}: capacity {have:.6g} < alpha {plan.alpha:.6g} x demand {d:.6g}")
+        fractions.append(1.0 if d <= 0 else min(1.0, have / d))
+    least = min(fractions, default=1.0)
+    if not math.isclose(least, plan.alpha, rel_tol=1e-9, abs_tol=1e-9):
+        problems.append(f"alpha {plan.alpha} != least served fraction {least}")
+    return problems
+
+
 def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
                 demand: Mapping[tuple[str, Phase | str], float] | None = None,
                 availability: Mapping[tuple[str, str], int] | None = None,
@@ -400,25 +425,7 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
             a = inputs.availability.get(key)
             if a is not None and n > a:
                 problems.append(f"{key[0]}/{key[1]}: {n} nodes > {a} available")
-    fractions = []
-    lines = {(d.model, d.phase): d for d in plan.demand}
-    for g in inputs.groups:
-        d = inputs.demand[g]
-        have = cap.get(g, 0.0)
-        line = lines.get(g)
-        if line is None:
-            problems.append(f"{g[0]}/{g[1].value}: no demand line")
-        else:
-            if not math.isclose(line.demand_tok_per_s, d, rel_tol=1e-9, abs_tol=1e-9):
-                problems.append(f"{g[0]}/{g[1].value}: demand line {line.demand_tok_per_s} != {d}")
-            if not math.isclose(line.capacity_tok_per_s, have, rel_tol=1e-9, abs_tol=1e-9):
-                problems.append(f"{g[0]}/{g[1].value}: capacity line {line.capacity_tok_per_s} != {have}")
-        if have < plan.alpha * d * (1 - _REL_TOL) - 1e-9:
-            problems.append(f"{g[0]}/{g[1].value}: capacity {have:.6g} < alpha {plan.alpha:.6g} x demand {d:.6g}")
-        fractions.append(1.0 if d <= 0 else min(1.0, have / d))
-    least = min(fractions, default=1.0)
-    if not math.isclose(least, plan.alpha, rel_tol=1e-9, abs_tol=1e-9):
-        problems.append(f"alpha {plan.alpha} != least served fraction {least}")
+    problems += _demand_problems(plan, inputs, cap)
     if not math.isclose(cost, plan.cost_usd_per_h, rel_tol=1e-9, abs_tol=1e-9):
         problems.append(f"cost {plan.cost_usd_per_h} != {cost} recomputed from the instances")
     if plan.status is Status.INFEASIBLE and plan.instances:

@@ -4,6 +4,7 @@ scenario's model order and reports α < 1 when it runs out of nodes."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -128,29 +129,7 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
             open_ = [gi for gi, v in need.items() if v > _TOL * cols.demand[gi]]
             if not open_:
                 break
-            choice: tuple[float, int, int | None, int | None, int] | None = None  # (eff, r, jp, jd, k)
-            for r in range(R):
-                if len(open_) == 2:
-                    assert gp is not None and gd is not None
-                    jp, jd = best(gp, r), best(gd, r)
-                    if jp is None or jd is None:
-                        continue
-                    for k in range(1, CAUCHY_MAX_DECODE_PER_PREFILL + 1):
-                        if not _combo_fits(cols, jp, jd, k, rem):
-                            break
-                        frac = min(theta[jp] / cols.demand[gp], k * theta[jd] / cols.demand[gd])
-                        cost = cols.price[jp] + k * cols.price[jd]
-                        e = math.inf if cost <= 0 else frac / cost
-                        if choice is None or e > choice[0] * (1 + 1e-12):
-                            choice = (e, r, jp, jd, k)
-                else:
-                    gi = open_[0]
-                    j = best(gi, r)
-                    if j is None:
-                        continue
-                    e = eff[j] / cols.demand[gi]
-                    if choice is None or e > choice[0] * (1 + 1e-12):
-                        choice = (e, r, j, None, 1) if gi == gp else (e, r, None, j, 1)
+            choice = _cauchy_choice(cols, best, open_, gp, gd, theta, eff, rem, R)
             if choice is None:
                 break  # out of nodes: this model stays short
             _, r, jp, jd, k = choice
@@ -170,6 +149,37 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
                 _take(cols, j, n, rem, nu)
                 need[gi] -= n * theta[j]
     return nu
+
+
+def _cauchy_choice(cols: Columns, best: Callable[[int, int], int | None], open_: list[int], gp: int | None,
+                   gd: int | None, theta: np.ndarray, eff: np.ndarray, rem: np.ndarray,
+                   R: int) -> tuple[float, int, int | None, int | None, int] | None:
+    """`cauchy`'s next pick over the regions: (served fraction per $, region, prefill column, decode column,
+    decode replicas per prefill), or None when no combo (or lone replica) fits anywhere."""
+    choice: tuple[float, int, int | None, int | None, int] | None = None  # (eff, r, jp, jd, k)
+    for r in range(R):
+        if len(open_) == 2:
+            assert gp is not None and gd is not None
+            jp, jd = best(gp, r), best(gd, r)
+            if jp is None or jd is None:
+                continue
+            for k in range(1, CAUCHY_MAX_DECODE_PER_PREFILL + 1):
+                if not _combo_fits(cols, jp, jd, k, rem):
+                    break
+                frac = min(theta[jp] / cols.demand[gp], k * theta[jd] / cols.demand[gd])
+                cost = cols.price[jp] + k * cols.price[jd]
+                e = math.inf if cost <= 0 else frac / cost
+                if choice is None or e > choice[0] * (1 + 1e-12):
+                    choice = (e, r, jp, jd, k)
+        else:
+            gi = open_[0]
+            j = best(gi, r)
+            if j is None:
+                continue
+            e = eff[j] / cols.demand[gi]
+            if choice is None or e > choice[0] * (1 + 1e-12):
+                choice = (e, r, j, None, 1) if gi == gp else (e, r, None, j, 1)
+    return choice
 
 
 def _combo_units(cols: Columns, jp: int, jd: int, k: int, rem: np.ndarray) -> int:

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from coral.allocator.inputs import Columns
-from coral.solver import SolveResult
+from coral.solver import CsrMatrix, MilpModel, SolveOptions, SolveResult, Status, solve
 
 KNAPSACK_NODES = 20_000  # the most branch-and-bound nodes one group's knapsack may take (then its LP value counts)
 DW_ROUNDS = 60  # the most column-generation rounds of `alpha_out_of_reach`
@@ -373,8 +373,6 @@ def _master_duals(patterns: list[tuple[int, np.ndarray]], G: int,
 
     Each row gets a column fixed at 0 with a 1 in that row: it changes nothing, and its reduced
     cost `0 − y_i` is the row's dual (the adapter reports reduced costs, not row duals)."""
-    from coral.solver import CsrMatrix, MilpModel, SolveOptions, Status, solve
-
     P, m = len(patterns), cap.shape[0]
     rows, cols_, vals = [], [], []
     for p, (g, u) in enumerate(patterns):

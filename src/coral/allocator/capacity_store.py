@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from coral.allocator import capacity
 from coral.allocator.capacity import CapacityTarget
+from coral.atomic import write_text
 from coral.cache import default_cache_dir, source_version, switched_on
 
 FORMAT = 1
@@ -41,8 +43,6 @@ def store_dir() -> Path:
 @lru_cache(maxsize=1)
 def _code_version() -> str:
     """The capacity model's source and numpy's version: a change to either changes every key."""
-    from coral.allocator import capacity
-
     return source_version(capacity.__file__, extra=np.__version__)
 
 
@@ -77,8 +77,6 @@ def load(key: str, folder: Path | None = None) -> tuple[CapacityTarget, Capacity
 
 def save(key: str, prefill: CapacityTarget, decode: CapacityTarget, folder: Path | None = None) -> None:
     """Store the targets under `key` (atomically; a folder that cannot be written is skipped)."""
-    from coral.atomic import write_text
-
     folder = folder or store_dir()
     # floats go through repr (shortest round trip), so a loaded target equals the computed one
     data = {"format": FORMAT, "key": key,

@@ -3,6 +3,8 @@ availability, built from the LP relaxation, so the solver starts with a good inc
 bound can be compared against one) instead of searching for a first feasible point."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from coral.allocator.inputs import Columns, group_capacity
@@ -57,6 +59,25 @@ def max_alpha_incumbent(cols: Columns, nu_lp: np.ndarray, *, ub: np.ndarray | No
     return max((from_lp, seeded), key=lambda v: float(served(cols, v).min()))
 
 
+def _seed_groups(cols: Columns, nu: np.ndarray, ub: np.ndarray, rem: np.ndarray, by_group: list[np.ndarray],
+                 demand: np.ndarray, apply: Callable[[int, int], None]) -> None:
+    """`_greedy`'s seeding: one instance per demanded group, the group with the fewest columns that fit first,
+    each on the column using the least share of its scarcest resource."""
+    pending = [g for g in range(len(cols.groups)) if np.isfinite(demand[g])]
+    while pending:
+        counts = []
+        for g in pending:
+            cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
+            counts.append(int((_fits(cols, cand, rem) >= 1).sum()) if cand.size else 0)
+        g = pending.pop(int(np.argmin(counts)))
+        cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
+        cand = cand[_fits(cols, cand, rem) >= 1] if cand.size else cand
+        if cand.size:
+            u = cols.usage[cols.col_t[cand]].astype(float)
+            share = np.max(np.where(u > 0, u / np.maximum(rem[cols.col_r[cand]], _TOL), 0.0), axis=1)
+            apply(int(cand[np.argmin(share)]), 1)
+
+
 def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_groups: bool = False) -> np.ndarray:
     """`max_alpha_incumbent`'s greedy from `nu` (modified in place and returned)."""
     rem = cols.avail.copy()
@@ -92,19 +113,7 @@ def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_
             frac[cross[j]] += k * cross_theta[j] / demand[cross[j]]
 
     if seed_groups:
-        pending = [g for g in range(len(cols.groups)) if np.isfinite(demand[g])]
-        while pending:
-            counts = []
-            for g in pending:
-                cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
-                counts.append(int((_fits(cols, cand, rem) >= 1).sum()) if cand.size else 0)
-            g = pending.pop(int(np.argmin(counts)))
-            cand = by_group[g][nu[by_group[g]] < ub[by_group[g]]]
-            cand = cand[_fits(cols, cand, rem) >= 1] if cand.size else cand
-            if cand.size:
-                u = cols.usage[cols.col_t[cand]].astype(float)
-                share = np.max(np.where(u > 0, u / np.maximum(rem[cols.col_r[cand]], _TOL), 0.0), axis=1)
-                apply(int(cand[np.argmin(share)]), 1)
+        _seed_groups(cols, nu, ub, rem, by_group, demand, apply)
 
     for _ in range(max_steps):
         low = int(np.argmin(frac))

@@ -96,6 +96,31 @@ def _node_count(value: Any, field: str) -> int:
     return int(v)
 
 
+def _availability(scenario: Scenario, prices: Mapping[tuple[str, str], float], regions: tuple[str, ...],
+                  configs: tuple[str, ...], availability: Mapping[tuple[str, str], int] | None,
+                  unbounded: bool) -> dict[tuple[str, str], int | None]:
+    """Nodes per priced (region, config): the scenario's, `availability`'s where given, None if unbounded."""
+    avail: dict[tuple[str, str], int | None] = {}
+    for key in prices:
+        avail[key] = None if unbounded else _node_count(scenario.availability.get(key, 0),
+                                                         f"availability[{key[0]}, {key[1]}]")
+    if availability is not None and not unbounded:
+        for key, n in availability.items():
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise CoralError(f"availability keys must be (region, config) pairs, got {key!r}")
+            r, c = key
+            if r not in regions:
+                raise unknown("region", r, regions)
+            if c not in configs:
+                raise unknown("configuration", c, configs)
+            count = _node_count(n, f"availability[{r}, {c}]")
+            if key in prices:
+                avail[key] = count
+            elif count:
+                raise CoralError(f"availability[{r}, {c}] = {count}, but {c} has no price in {r}")
+    return avail
+
+
 def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
                  demand: Mapping[tuple[str, Phase | str], float] | None = None,
                  availability: Mapping[tuple[str, str], int] | None = None,
@@ -127,24 +152,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
         prices[(r, c)] = _finite_nonneg(p, f"prices[{r}, {c}]")
     configs = tuple(dict.fromkeys([c.name for c in scenario.configs] + [c for _, c in prices]))
 
-    avail: dict[tuple[str, str], int | None] = {}
-    for key in prices:
-        avail[key] = None if unbounded else _node_count(scenario.availability.get(key, 0),
-                                                         f"availability[{key[0]}, {key[1]}]")
-    if availability is not None and not unbounded:
-        for key, n in availability.items():
-            if not (isinstance(key, tuple) and len(key) == 2):
-                raise CoralError(f"availability keys must be (region, config) pairs, got {key!r}")
-            r, c = key
-            if r not in regions:
-                raise unknown("region", r, regions)
-            if c not in configs:
-                raise unknown("configuration", c, configs)
-            count = _node_count(n, f"availability[{r}, {c}]")
-            if key in prices:
-                avail[key] = count
-            elif count:
-                raise CoralError(f"availability[{r}, {c}] = {count}, but {c} has no price in {r}")
+    avail = _availability(scenario, prices, regions, configs, availability, unbounded)
 
     dem: dict[Group, float] = {}
     slo: dict[Group, float] = {}
@@ -355,6 +363,51 @@ def find_template(ts: Sequence[Template], nodes: Sequence[str]) -> int | None:
     return _table(ts).find(nodes)
 
 
+def _market(inputs: AllocationInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (region, config): the price, whether it is sold there, and the nodes available (inf: unbounded)."""
+    cfg_index = {c: i for i, c in enumerate(inputs.configs)}
+    reg_index = {r: i for i, r in enumerate(inputs.regions)}
+    R, C = len(inputs.regions), len(inputs.configs)
+    price_rc = np.zeros((R, C))
+    sold = np.zeros((R, C), dtype=bool)
+    avail = np.zeros((R, C))
+    for (r, c), p in inputs.prices.items():
+        i, k = reg_index[r], cfg_index[c]
+        price_rc[i, k] = p
+        sold[i, k] = True
+        a = inputs.availability.get((r, c), 0)
+        avail[i, k] = math.inf if a is None else a
+    return price_rc, sold, avail
+
+
+def _region_columns(lay: _Layout, group: np.ndarray, price_rc: np.ndarray, sold: np.ndarray, avail: np.ndarray,
+                    allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every (template, region) column that can run: its template, region, price and instance bound."""
+    col_t, col_r, col_price, col_ub = [], [], [], []
+    ent_c, ent_u, starts = lay.ent_c, lay.ent_u, lay.ent_start
+    T = lay.num_templates
+    for ri in range(price_rc.shape[0]):
+        # Per region, a gather over the (template, config) entries with U_c(τ) > 0 and one
+        # reduction per template: runnable where every config is sold and the model may run
+        # here; price `Σ_c p_r(c)·U_c(τ)`; instances that fit, `min_c ⌊A_r(c) / U_c(τ)⌋`.
+        if T and ent_c.size:
+            runnable = np.logical_and.reduceat(sold[ri, ent_c], starts) & lay.usable & allowed[group, ri]
+            idx = np.flatnonzero(runnable)
+            price = np.add.reduceat(price_rc[ri, ent_c] * ent_u, starts)[idx]
+            ub = np.floor(np.minimum.reduceat(avail[ri, ent_c] / ent_u, starts))[idx]
+        else:
+            idx, price, ub = np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+        col_t.append(idx)
+        col_r.append(np.full(idx.shape[0], ri, dtype=np.int64))
+        col_price.append(price)
+        col_ub.append(ub)
+    col_t_a = np.concatenate(col_t) if col_t else np.zeros(0, dtype=np.int64)
+    col_r_a = np.concatenate(col_r) if col_r else np.zeros(0, dtype=np.int64)
+    price_a = np.concatenate(col_price) if col_price else np.zeros(0)
+    ub_a = np.concatenate(col_ub) if col_ub else np.zeros(0)
+    return col_t_a, col_r_a, price_a, ub_a
+
+
 def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] | None = None,
                   max_nodes: int | None = None) -> Columns:
     """Build the column arrays (vectorized over regions and templates).
@@ -373,23 +426,13 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         CoralError: a (model, phase) with demand > 0 has no template, or none that can run in
             any of its allowed regions (names model, phase and SLO).
     """
-    cfg_index = {c: i for i, c in enumerate(inputs.configs)}
     reg_index = {r: i for i, r in enumerate(inputs.regions)}
-    R, C = len(inputs.regions), len(inputs.configs)
-    price_rc = np.zeros((R, C))
-    sold = np.zeros((R, C), dtype=bool)
-    avail = np.zeros((R, C))
-    for (r, c), p in inputs.prices.items():
-        i, k = reg_index[r], cfg_index[c]
-        price_rc[i, k] = p
-        sold[i, k] = True
-        a = inputs.availability.get((r, c), 0)
-        avail[i, k] = math.inf if a is None else a
+    R = len(inputs.regions)
+    price_rc, sold, avail = _market(inputs)
 
     groups = tuple(g for g in inputs.groups if inputs.demand[g] > 0)
     tables, keys, primary, cross = _group_tables(inputs, groups, keep=keep, max_nodes=max_nodes)
     lay = _layout(tables, inputs.configs)
-    T = lay.num_templates
     group = primary[lay.group] if len(tables) else lay.group
     cross_group = cross[lay.group] if len(tables) else lay.group
     with_cross = cross_group >= 0
@@ -410,27 +453,7 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
                        templates=lay.templates, group=group, usage=lay.usage, throughput=lay.throughput,
                        col_t=col_t_a, col_r=col_r_a, price=price_a, ub=ub_a, avail=avail, sold=sold,
                        group_start=lay.group_start, theta_block=lay.theta_block, **extra)
-    col_t, col_r, col_price, col_ub = [], [], [], []
-    ent_c, ent_u, starts = lay.ent_c, lay.ent_u, lay.ent_start
-    for ri in range(R):
-        # Per region, a gather over the (template, config) entries with U_c(τ) > 0 and one
-        # reduction per template: runnable where every config is sold and the model may run
-        # here; price `Σ_c p_r(c)·U_c(τ)`; instances that fit, `min_c ⌊A_r(c) / U_c(τ)⌋`.
-        if T and ent_c.size:
-            runnable = np.logical_and.reduceat(sold[ri, ent_c], starts) & lay.usable & allowed[group, ri]
-            idx = np.flatnonzero(runnable)
-            price = np.add.reduceat(price_rc[ri, ent_c] * ent_u, starts)[idx]
-            ub = np.floor(np.minimum.reduceat(avail[ri, ent_c] / ent_u, starts))[idx]
-        else:
-            idx, price, ub = np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
-        col_t.append(idx)
-        col_r.append(np.full(idx.shape[0], ri, dtype=np.int64))
-        col_price.append(price)
-        col_ub.append(ub)
-    col_t_a = np.concatenate(col_t) if col_t else np.zeros(0, dtype=np.int64)
-    col_r_a = np.concatenate(col_r) if col_r else np.zeros(0, dtype=np.int64)
-    price_a = np.concatenate(col_price) if col_price else np.zeros(0)
-    ub_a = np.concatenate(col_ub) if col_ub else np.zeros(0)
+    col_t_a, col_r_a, price_a, ub_a = _region_columns(lay, group, price_rc, sold, avail, allowed)
 
     runnable_groups = np.zeros(len(groups), dtype=bool)
     runnable_groups[group[col_t_a]] = True

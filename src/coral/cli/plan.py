@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,6 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     from coral.allocator.inputs import MODES
 
     # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.experiments.pipeline import plan
     from coral.solver import SolveOptions
 
     if mode not in MODES:  # checked here, not by click.Choice: one line on stderr, exit 2
@@ -117,6 +117,50 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     overrides = {"planner": {"first_token": "decode"}} if engine == "vllm" else None
     setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, overrides)
     setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path, mode)
+    result, steps = _solve_checked(setup, method, options, deploy, mode=mode, calibrate=calibrate, verify=verify,
+                                   iterations=iterations, as_json=as_json)
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    from coral.allocator.demand import offered_demand
+
+    offered = offered_demand(setup.scenario)
+    data = _mark_derived({"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
+                          "offered_tok_per_s": [{"model": m, "phase": ph.value, "tok_per_s": v}
+                                                for (m, ph), v in offered.items()],
+                          **result.to_json()}, setup.scenario)
+    if result.alpha <= 0 and any(d.demand_tok_per_s > 0 for d in result.demand):
+        why = "; ".join(result.notes) or "no template fits the available nodes"
+        if as_json:
+            emit_json({**data, "feasible": False})
+        err_console.print(f"[bold red]infeasible:[/] the {method} plan serves none of the demand (alpha 0): {why}. "
+                          "Allow more nodes (availability), other shapes (configs) or looser SLOs; nothing written.",
+                          highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INFEASIBLE)
+    if steps:
+        data["verification"] = _verification_json(steps)
+    data.update(_plan_deploy_fields(deploy, result, data, setup))
+    if out:
+        write_text(Path(out), json.dumps(data, indent=2, default=str))
+    if as_json:
+        emit_json(data)
+    else:
+        render_plan(result, console, offered, derived=setup.scenario.derived)
+        _print_deploy_fields(data)
+        if out:
+            console.print(f"plan written to {out}")
+    if steps and not steps[-1].ok:
+        missing = sorted({f"{v.model} ({v.model_attainment:.1%} < {v.model_target:.0%})" for v in steps[-1].verdicts if not v.ok})
+        err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
+                           "predicted below target: ") + ", ".join(missing))
+        raise SystemExit(3)
+
+
+def _solve_checked(setup: Any, method: str, options: Any, deploy: dict[str, Any], *, mode: str, calibrate: bool,
+                   verify: bool, iterations: int, as_json: bool) -> tuple[Any, list[Any]]:
+    """The plan, and its calibration steps (--calibrate) or its one verification step (--verify)."""
+    # lazy: the core loads only when the command runs (`coral --help` stays quick)
+    from coral.experiments.pipeline import plan
+
+    time_limit_s, gap = options.time_limit_s, options.mip_gap
     steps: list[Any] = []
     if calibrate:
         # lazy: the core loads only when the command runs (`coral --help` stays quick)
@@ -143,44 +187,17 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                                      verdicts=tuple(verify_plan(setup, result)))]
             if not as_json:
                 _print_verdicts(steps[0].verdicts, f"verification: plan {result.cost_usd_per_h:.2f} $/h, one epoch simulated")
-    # lazy: the core loads only when the command runs (`coral --help` stays quick)
-    from coral.allocator.demand import offered_demand
+    return result, steps
 
-    offered = offered_demand(setup.scenario)
-    data = _mark_derived({"scenario": setup.scenario.name, "availability": availability, "demand_scale": demand_scale,
-                          "offered_tok_per_s": [{"model": m, "phase": ph.value, "tok_per_s": v}
-                                                for (m, ph), v in offered.items()],
-                          **result.to_json()}, setup.scenario)
-    if result.alpha <= 0 and any(d.demand_tok_per_s > 0 for d in result.demand):
-        why = "; ".join(result.notes) or "no template fits the available nodes"
-        if as_json:
-            emit_json({**data, "feasible": False})
-        err_console.print(f"[bold red]infeasible:[/] the {method} plan serves none of the demand (alpha 0): {why}. "
-                          "Allow more nodes (availability), other shapes (configs) or looser SLOs; nothing written.",
-                          highlight=False, soft_wrap=True)
-        sys.exit(EXIT_INFEASIBLE)
-    if steps:
-        data["verification"] = [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
-                                 "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
-                                 "pairs": [{"model": v.model, "phase": v.phase.value, "attainment": v.attainment,
-                                            "phase_target": v.phase_target, "phase_ok": v.phase_ok,
-                                            "model_attainment": v.model_attainment, "model_target": v.model_target,
-                                            "model_ok": v.ok} for v in st.verdicts]} for st in steps]
-    data.update(_plan_deploy_fields(deploy, result, data, setup))
-    if out:
-        write_text(Path(out), json.dumps(data, indent=2, default=str))
-    if as_json:
-        emit_json(data)
-    else:
-        render_plan(result, console, offered, derived=setup.scenario.derived)
-        _print_deploy_fields(data)
-        if out:
-            console.print(f"plan written to {out}")
-    if steps and not steps[-1].ok:
-        missing = sorted({f"{v.model} ({v.model_attainment:.1%} < {v.model_target:.0%})" for v in steps[-1].verdicts if not v.ok})
-        err_console.print(("calibration did not converge in " f"{iterations} iterations: " if calibrate else
-                           "predicted below target: ") + ", ".join(missing))
-        raise SystemExit(3)
+
+def _verification_json(steps: Sequence[Any]) -> list[dict[str, Any]]:
+    """The calibration / verification steps as the plan JSON's `verification` list."""
+    return [{"iteration": st.iteration, "cost_usd_per_h": st.cost_usd_per_h, "ok": st.ok,
+             "boost": {f"{m}/{ph.value}": k for (m, ph), k in st.boost.items()},
+             "pairs": [{"model": v.model, "phase": v.phase.value, "attainment": v.attainment,
+                        "phase_target": v.phase_target, "phase_ok": v.phase_ok,
+                        "model_attainment": v.model_attainment, "model_target": v.model_target,
+                        "model_ok": v.ok} for v in st.verdicts]} for st in steps]
 
 
 def _warn_time_limit(result: Any, time_limit_s: float, gap: float) -> None:

@@ -26,6 +26,7 @@ from coral.scenario.schema import PlannerEntry, ScenarioFile
 from coral.scenario.spot import spot_offers
 from coral.slo import Slo
 from coral.workload import WorkloadSpec
+from coral.workload_data import public_data_path
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -252,8 +253,6 @@ def _perf_model(file: ScenarioFile, catalog: Catalog, base: Path | None) -> Perf
         return load_profile_csv(_resolve_path(file.perf.profile, base), catalog, fallback=roofline)
     folder = file.perf.profile
     if folder is None:
-        from coral.workload_data import public_data_path
-
         folder = str(public_data_path("profiles/helix_llama2_70b"))
     return profile_from_helix(_resolve_path(folder, base), catalog, fallback=roofline)
 

@@ -276,7 +276,8 @@ class SimResult:
                 {"wall_s": self.wall_s, "events": self.events,
                  "events_per_s": self.events / self.wall_s if self.wall_s > 0 else None}, indent=2) + "\n")
             self._write_csv(tmp / "requests.csv")
-            from coral.sim.plots import write_plots  # matplotlib only when writing
+            # lazy: matplotlib (heavy, seconds to import) loads only when plots are written
+            from coral.sim.plots import write_plots
 
             write_plots(self, tmp / "plots")
         return out

@@ -16,6 +16,7 @@ import bisect
 import functools
 import heapq
 import itertools
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -163,6 +164,53 @@ def solve_exact_jit(problem: PlacementProblem, floor: float = 0.0) -> Placement 
     return placement
 
 
+def _gather_slots(p: PlacementProblem, groups: list[list[int]], slot_keys: Sequence[tuple[Counts, int]],
+                  js: np.ndarray, cache: CurveCache | None,
+                  local: dict[tuple[object, ...], tuple[_Slot, list[int]]] | None,
+                  ) -> tuple[list[_Slot], list[list[int]], np.ndarray]:
+    """Per (block, position) slot of `solve_exact_numpy`: its curve (from `local`, then `cache`, else built),
+    its member nodes and its layer cap."""
+    curves = cache if cache is not None else {}
+    if len(curves) > _CACHE_LIMIT:
+        curves.clear()
+    near = local if local is not None else {}
+    gsig = tuple((p.nodes[g[0]], p.t[g[0]], p.o[g[0]], len(g)) for g in groups)  # what a block means
+    slots: list[_Slot] = []
+    members_of: list[list[int]] = []
+    caps = np.empty(len(slot_keys), dtype=np.int64)
+    for i, (block, pos) in enumerate(slot_keys):
+        hit = near.get((gsig, block, pos))
+        if hit is None:
+            members = [g[0] for g, n in zip(groups, block, strict=True) for _ in range(n)]
+            ts = [p.t[k] for k in members]
+            os_ = [p.o[k][pos] for k in members]
+            ckey = (p.u, p.num_layers, *sorted(zip(ts, os_, strict=True)))
+            slot = curves.get(ckey)
+            if slot is None:
+                slot = curves[ckey] = _Slot(p.u, ts, os_, js)
+            hit = near[(gsig, block, pos)] = (slot, members)
+        slots.append(hit[0])
+        members_of.append(hit[1])
+        caps[i] = min(p.cap[k][pos] for k in hit[1])
+    return slots, members_of, caps
+
+
+def _last_feasible(cands: np.ndarray, alive: np.ndarray,
+                   feasible: Callable[[float, np.ndarray], np.ndarray]) -> tuple[float, np.ndarray]:
+    """Bisection over the sorted breakpoints `cands`: the largest with a feasible stage list, and those lists."""
+    lo, hi = 0, cands.size - 1  # every alive list's optimum is a breakpoint >= cands[0]
+    alive = feasible(float(cands[0]), alive)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        got = feasible(float(cands[mid]), alive)
+        if got.size:
+            lo, alive = mid, got
+        else:
+            hi = mid - 1
+    theta = float(cands[lo])
+    return theta, alive
+
+
 def solve_exact_numpy(problem: PlacementProblem, floor: float = 0.0, cache: CurveCache | None = None,
                       local: dict[tuple[object, ...], tuple[_Slot, list[int]]] | None = None) -> Placement | None:
     """The throughput-optimal placement of `problem` (fixed S and b), or None if infeasible.
@@ -195,28 +243,7 @@ def solve_exact_numpy(problem: PlacementProblem, floor: float = 0.0, cache: Curv
     if budget < 0:
         return None
     js = np.arange(1, p.num_layers + 1, dtype=float)
-    curves = cache if cache is not None else {}
-    if len(curves) > _CACHE_LIMIT:
-        curves.clear()
-    near = local if local is not None else {}
-    gsig = tuple((p.nodes[g[0]], p.t[g[0]], p.o[g[0]], len(g)) for g in groups)  # what a block means
-    slots: list[_Slot] = []
-    members_of: list[list[int]] = []
-    caps = np.empty(len(slot_keys), dtype=np.int64)
-    for i, (block, pos) in enumerate(slot_keys):
-        hit = near.get((gsig, block, pos))
-        if hit is None:
-            members = [g[0] for g, n in zip(groups, block, strict=True) for _ in range(n)]
-            ts = [p.t[k] for k in members]
-            os_ = [p.o[k][pos] for k in members]
-            ckey = (p.u, p.num_layers, *sorted(zip(ts, os_, strict=True)))
-            slot = curves.get(ckey)
-            if slot is None:
-                slot = curves[ckey] = _Slot(p.u, ts, os_, js)
-            hit = near[(gsig, block, pos)] = (slot, members)
-        slots.append(hit[0])
-        members_of.append(hit[1])
-        caps[i] = min(p.cap[k][pos] for k in hit[1])
+    slots, members_of, caps = _gather_slots(p, groups, slot_keys, js, cache, local)
     lat0 = np.array([sl.lat[0] for sl in slots])
     run_val = np.array([sl.run_val for sl in slots])
     run_start = np.array([sl.run_start for sl in slots])
@@ -251,16 +278,7 @@ def solve_exact_numpy(problem: PlacementProblem, floor: float = 0.0, cache: Curv
         return None
     cands = np.unique(np.concatenate([sl.rate[: max(int(c), 0)] for sl, c in zip(slots, caps, strict=True)]))
     cands = cands[cands > floor]
-    lo, hi = 0, cands.size - 1  # every alive list's optimum is a breakpoint >= cands[0]
-    alive = feasible(float(cands[0]), alive)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        got = feasible(float(cands[mid]), alive)
-        if got.size:
-            lo, alive = mid, got
-        else:
-            hi = mid - 1
-    theta = float(cands[lo])
+    theta, alive = _last_feasible(cands, alive, feasible)
     row = int(alive.min())
     u = uppers(theta)[slot_idx[row]].tolist()
     stages = [_Stage(members_of[i], int(caps[i]), slots[i]) for i in slot_idx[row].tolist()]

@@ -1,9 +1,11 @@
 """Build the template library of a scenario: enumerate node multisets, solve, prune, cache (DESIGN §3)."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import dataclasses
 import itertools
 import json
+import multiprocessing as mp
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -185,7 +187,8 @@ def solve_multiset(timings: _Timings, nodes: Sequence[str], floor: float = 0.0,
     caps to reach `L`. With the default solver and numba present, the whole loop runs compiled
     (`kernel.solve_multiset`, same order and bounds).
     """
-    from coral.templates import kernel  # the solvers load only when something is solved
+    # lazy: numba and its compiled kernels (seconds to import/load) only when something is solved
+    from coral.templates import kernel
     from coral.templates.exact import solve_exact
 
     if solver is None and kernel.enabled() and len(nodes) <= timings.depth:
@@ -288,6 +291,7 @@ def infeasible_reason(perf: PerfModel, timings: _Timings, nodes: Sequence[str]) 
 
 
 def _solve_multiset_jit(timings: _Timings, nodes: Sequence[str], floor: float) -> Placement | None:
+    # lazy: numba and its compiled kernels (seconds to import/load) only when something is solved
     from coral.templates import kernel
     from coral.templates.exact import assign_blocks
 
@@ -414,9 +418,6 @@ def build_one(spec: TemplateSpec, perf: PerfModel, progress: ProgressFn | None =
                       if size > 1 else 0.0) for nodes in level]
             if jobs > 1 and len(tasks) >= 64:
                 if pool is None:
-                    import concurrent.futures as cf
-                    import multiprocessing as mp
-
                     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("fork"),
                                                   initializer=_init_worker, initargs=(spec, perf))
                 step = max(16, len(tasks) // (jobs * 8))
@@ -488,6 +489,7 @@ def build_cached(spec: TemplateSpec, perf: PerfModel, cache_dir: Path | None,
     footer now, the columns a caller needs when it asks). An entry left in the older JSON Lines
     format under the same key is converted once instead of being solved again.
     """
+    # lazy: pyarrow (heavy) loads only when a library goes through the on-disk cache
     from coral.templates import columnar
 
     if cache_dir is None:
@@ -620,7 +622,7 @@ def build_library(scenario: Any, *, jobs: int = 1, cache_dir: Path | None = None
 def _run_ray(tasks: list[tuple[TemplateSpec, PerfModel, Path | None]], address: str | None,
              progress: Callable[[LibraryStats], None] | None) -> list[tuple[Sequence[Template], LibraryStats]]:
     """Run one (model, phase) per Ray task on an existing (or local) Ray cluster."""
-    try:
+    try:  # lazy: Ray is an optional extra, imported only for executor 'ray'
         import ray  # type: ignore[import-not-found]
     except ImportError:
         raise CoralError("executor 'ray' needs Ray: pip install 'coral[ray]'") from None
