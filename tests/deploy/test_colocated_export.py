@@ -18,7 +18,7 @@ from coral.runtime.engine.model import BUILTIN_CONFIGS
 
 from .conftest import run
 from .layout_plans import COLOCATED, COLOCATED_TP2X2, DECODE, PP4, write_layout_plan
-from .test_skypilot_accepts import _check_with_skypilot
+from .test_skypilot_accepts import check_with_skypilot
 
 
 def _plan(tmp_path, instances, **kw):
@@ -97,7 +97,7 @@ def test_skypilot_exports_an_engine_task_and_the_control_plane_serves_it_mixed(t
 
 def test_skypilot_accepts_the_colocated_tasks(tmp_path, data_dir):
     scenario, plan = write_layout_plan(tmp_path, [COLOCATED, COLOCATED_TP2X2])
-    _check_with_skypilot(plan, json.loads(plan.read_text()), tmp_path, data_dir, "--scenario", str(scenario))
+    check_with_skypilot(plan, json.loads(plan.read_text()), tmp_path, data_dir, "--scenario", str(scenario))
 
 
 

@@ -63,7 +63,7 @@ def _sky_home(home: Path, data_dir: Path) -> None:
                             r["region"] + "a"])
 
 
-def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
+def check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
     exe = _sky_python()
     r = run("export", "--plan", str(plan), "--format", "skypilot", "--out", str(tmp_path / "sky"), *extra)
     assert r.exit_code == 0, r.output
@@ -105,7 +105,7 @@ def _check_with_skypilot(plan, data, tmp_path, data_dir, *extra):
 
 def test_skypilot_accepts_every_exported_task(two_model_plan, tmp_path, data_dir):
     scenario, plan, data = two_model_plan
-    _check_with_skypilot(plan, data, tmp_path, data_dir, "--scenario", str(scenario))
+    check_with_skypilot(plan, data, tmp_path, data_dir, "--scenario", str(scenario))
 
 
 @pytest.mark.slow
@@ -116,7 +116,7 @@ def test_core_plan_exports_to_skypilot(tmp_path, data_dir):
     assert r.exit_code == 0, r.output
     data = json.loads(plan.read_text())
     assert not any(n.get("derived") for n in data["nodes"])  # the built-in offers only sold shapes
-    _check_with_skypilot(plan, data, tmp_path, data_dir)
+    check_with_skypilot(plan, data, tmp_path, data_dir)
 
 
 def test_skypilot_rejects_a_broken_task(tmp_path, data_dir):
