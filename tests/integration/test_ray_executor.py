@@ -21,7 +21,7 @@ def test_ray_build_matches_local(local_ray, tmp_path):
     seen = []
     on_ray = build_library(s, n_max=2, executor="ray", cache_dir=tmp_path, progress=seen.append)
     local = build_library(s, n_max=2, cache_dir=None)
-    assert len(seen) == 6  # one progress call per (model, phase)
+    assert len(seen) == 9  # one progress call per (model, phase): prefill, decode and colocated
     key = lambda lib: sorted((t.key, template_to_dict(t)["throughput_tok_per_s"]) for t in lib.templates)  # noqa: E731
     assert key(on_ray) == key(local)
     assert [st.model for st in on_ray.stats] == [st.model for st in local.stats]  # scenario order kept
