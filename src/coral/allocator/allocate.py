@@ -74,7 +74,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
             limit) and MIP gap; default HiGHS, 60 s, gap 1e-4.
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
             the SLO, quoted in the error when a model has no template (the library may know it).
-        mode: "auto" (the ILP picks disaggregated, colocated or a mix per model), "disagg" or
+        mode: "auto" (disaggregated or colocated, the cheaper per model), "disagg" or
             "colocated" (every model so); the baselines always plan disaggregated.
 
     Returns:

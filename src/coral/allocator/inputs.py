@@ -21,7 +21,7 @@ from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
 PHASES: tuple[Phase, Phase] = (Phase.PREFILL, Phase.DECODE)
 #: How a model may be served (`coral plan --mode`): "auto" lets the ILP choose per model between
-#: disaggregated templates, colocated ones or a mix; the other two force one kind for every model.
+#: disaggregated templates and colocated ones; the other two force one kind for every model.
 MODES = ("auto", "disagg", "colocated")
 HORIZON_S = 3600.0  # `H`: the start-up penalty is amortized over one hour (DESIGN §4)
 

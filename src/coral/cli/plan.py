@@ -75,7 +75,7 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
     "transfer counts in TTFT); prints the cost of that restriction next to the unrestricted plan."))
 @click.option("--mode", default="auto", show_default=True, help=(
     "How models are served: auto (the ILP picks per model: disaggregated prefill/decode pools, colocated "
-    "instances with chunked prefill, or a mix, whichever costs least at the attainment target), disagg or "
+    "instances with chunked prefill, whichever costs least at the attainment target), disagg or "
     "colocated (every model so). The baselines (--method other than coral) always plan disaggregated."))
 @click.option("--running", "running_path", type=click.Path(dir_okay=False), default=None, help=(
     "Advisory mode: the plan file the fleet runs now. Plans from it (starting instances costs their "
