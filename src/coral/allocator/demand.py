@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -113,25 +114,8 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         else:
             tr = samples.get(m.name) or Trace(name=m.name, arrival_s=np.zeros(0), prompt_tokens=np.zeros(0, np.int64),
                                               output_tokens=np.zeros(0, np.int64), window_s=1.0)
-        window = float(tr.window_s or (float(tr.arrival_s.max()) if len(tr) else 1.0))
-        f = float((scale or {}).get(m.name, 1.0))
-        if not f > 0:
-            f = 1.0
-        order = np.argsort(tr.arrival_s, kind="stable")  # the queues replay requests in arrival order
-        arr, p, d = tr.arrival_s[order] / f, tr.prompt_tokens[order], tr.output_tokens[order]
-        window /= f
-        q = mp.quantile
-        # the KV allowance is the transfer's share of the SLO it counts in: queueing gets the rest
-        pre_args: dict[str, Any] = dict(window_s=window, ttft_s=mp.queueing_slo_s(Phase.PREFILL),
-                                        budget_s=mp.prefill_budget_ms / 1e3,
-                                        prompt_q=mp.lengths.prompt_q, attainment=q, model=m.name,
-                                        instance_tok_per_s=rates.get(m.name), strict=samples is None)
-        dec_args: dict[str, Any] = dict(window_s=window, tpot_s=mp.queueing_slo_s(Phase.DECODE),
-                                        cadence_s=mp.decode_budget_ms / 1e3,
-                                        # the KV transfer is the allowance taken off tpot_s above
-                                        # ("prefill" mode) or is in TTFT ("decode" mode)
-                                        kv_s_per_token=0.0, kv_latency_s=0.0,
-                                        attainment=q, model=m.name, strict=samples is None)
+        arr, p, d, window = _in_arrival_order(tr, float((scale or {}).get(m.name, 1.0)))
+        pre_args, dec_args = _replay_args(mp, window, rates.get(m.name), strict=samples is None)
         key = None
         if memo_key is not None and use_store:
             key = capacity_store.replay_key((arr, p, d), {**{f"prefill_{k}": v for k, v in pre_args.items()},
@@ -145,13 +129,7 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
         if key is not None:
             capacity_store.save(key, pre, dec)
         for ph, target in ((Phase.PREFILL, pre), (Phase.DECODE, dec)):
-            k = float((boost or {}).get((m.name, ph), 1.0))
-            if k != 1.0:
-                target = CapacityTarget(capacity_tok_per_s=target.capacity_tok_per_s * k,
-                                        mean_tok_per_s=target.mean_tok_per_s,
-                                        predicted_attainment=target.predicted_attainment,
-                                        quantile_latency_s=target.quantile_latency_s)
-            out[(m.name, ph)] = target
+            out[(m.name, ph)] = _boosted(target, float((boost or {}).get((m.name, ph), 1.0)))
     if progress is not None:
         progress(len(scenario.models), len(scenario.models))
     if memo_key is not None:
@@ -159,6 +137,40 @@ def capacity_targets(scenario: Any, samples: Mapping[str, Trace] | None = None, 
             _MEMO.clear()
         _MEMO[memo_key] = out
     return out
+
+
+def _in_arrival_order(tr: Trace, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """`tr`'s arrivals (compressed by `scale`, the forecast's rate ratio; 1 if not > 0), prompt and
+    output lengths in arrival order (the queues replay requests in that order), and its window (s)."""
+    window = float(tr.window_s or (float(tr.arrival_s.max()) if len(tr) else 1.0))
+    f = scale if scale > 0 else 1.0
+    order = np.argsort(tr.arrival_s, kind="stable")
+    return tr.arrival_s[order] / f, tr.prompt_tokens[order], tr.output_tokens[order], window / f
+
+
+def _replay_args(mp: Any, window_s: float, instance_tok_per_s: float | None, *,
+                 strict: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keyword arguments of `prefill_capacity` and `decode_capacity` for one model (`mp`, its
+    `ModelPlanning`). The KV allowance is the transfer's share of the SLO it counts in: queueing
+    gets the rest (`queueing_slo_s`); in "prefill" mode it is taken off TPOT, in "decode" mode it
+    is in TTFT, so the decode replay charges no transfer of its own."""
+    pre_args: dict[str, Any] = dict(window_s=window_s, ttft_s=mp.queueing_slo_s(Phase.PREFILL),
+                                    budget_s=mp.prefill_budget_ms / 1e3, prompt_q=mp.lengths.prompt_q,
+                                    attainment=mp.quantile, model=mp.model, instance_tok_per_s=instance_tok_per_s,
+                                    strict=strict)
+    dec_args: dict[str, Any] = dict(window_s=window_s, tpot_s=mp.queueing_slo_s(Phase.DECODE),
+                                    cadence_s=mp.decode_budget_ms / 1e3, kv_s_per_token=0.0, kv_latency_s=0.0,
+                                    attainment=mp.quantile, model=mp.model, strict=strict)
+    return pre_args, dec_args
+
+
+def _boosted(target: CapacityTarget, k: float) -> CapacityTarget:
+    """`target` with its capacity multiplied by `k` (`coral plan --calibrate`'s boost)."""
+    if k == 1.0:
+        return target
+    return CapacityTarget(capacity_tok_per_s=target.capacity_tok_per_s * k, mean_tok_per_s=target.mean_tok_per_s,
+                          predicted_attainment=target.predicted_attainment,
+                          quantile_latency_s=target.quantile_latency_s)
 
 
 @dataclass(slots=True)
@@ -176,8 +188,6 @@ class Forecaster:
 
     def update(self, observed: Mapping[str, float]) -> dict[str, float]:
         """Feed the rates observed over the last epoch (req/s per model); return the rates to plan for."""
-        from statistics import NormalDist
-
         z = NormalDist().inv_cdf(self.quantile)
         level = self.level if self.level is not None else {}
         err = self.err_sq if self.err_sq is not None else {}
