@@ -105,14 +105,7 @@ class ColocatedSteps(SimCore):
                              lane.ctx_sum + sum(c for _, c in lane.chunk), lane.t0, t))
         lane.steps += 1
         emitted = len(rids)
-        lane.ctx_sum += len(rids)
-        done = lane.finish_at.pop(lane.steps, None)
-        if done:
-            for rid in done:
-                del rids[rid]
-                lane.ctx_sum -= self.r_prompt[rid] + 1 + lane.steps - self.r_join[rid]
-                self._complete(t, rid)
-            self._release(t, inst, len(done))
+        self._retire_finished(t, lane)
         for rid, c in lane.chunk:
             self.r_fed[rid] += c
             inst.load -= c
@@ -139,3 +132,16 @@ class ColocatedSteps(SimCore):
         lane.rids[rid] = None
         lane.ctx_sum += self.r_prompt[rid] + 1
         lane.finish_at.setdefault(lane.steps + self.r_out[rid] - 1, []).append(rid)
+
+    def _retire_finished(self, t: float, lane: Batch) -> None:
+        """A decode step of `lane` is done: every running sequence gained a token of context, and
+        those whose last token it made leave the lane (completed, their KV released). Shared by
+        decode lanes and colocated lanes."""
+        lane.ctx_sum += len(lane.rids)
+        done = lane.finish_at.pop(lane.steps, None)
+        if done:
+            for rid in done:
+                del lane.rids[rid]
+                lane.ctx_sum -= self.r_prompt[rid] + 1 + lane.steps - self.r_join[rid]
+                self._complete(t, rid)
+            self._release(t, lane.inst, len(done))

@@ -362,14 +362,7 @@ class RequestFlow(ColocatedSteps):
         rids = lane.rids
         if self.fe_token:  # off (0) unless Hosts.frontend_work: keeps the hot path free
             self.cpu.frontend_work(t, self.fe_token * len(rids))
-        lane.ctx_sum += len(rids)
-        done = lane.finish_at.pop(lane.steps, None)
-        if done:
-            for rid in done:
-                del rids[rid]
-                lane.ctx_sum -= self.r_prompt[rid] + 1 + lane.steps - self.r_join[rid]
-                self._complete(t, rid)
-            self._release(t, inst, len(done))
+        self._retire_finished(t, lane)
         if inst.queue:
             self._fill(t, lane)
         if rids:
