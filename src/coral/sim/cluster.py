@@ -122,7 +122,7 @@ class Instance:
 
     __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
                  "seq_cap",
-                 "chunk_tokens", "region", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
+                 "chunk_tokens", "region", "retire_s", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
                  "state", "stop_s",
                  "weight")
 
@@ -142,6 +142,7 @@ class Instance:
         self.stop_s = math.inf
         self.state = Lifecycle.STARTING
         self.retiring = False  # removed by a plan, serving until its replacements are ready
+        self.retire_s = math.inf  # when those replacements are ready (set with `retiring`)
         self.token_budget = math.inf  # prefill: prompt tokens per micro-batch (set in start_instance)
         self.chunk_tokens = t.chunk_tokens or 0  # colocated: the most prompt tokens one step carries
         self.held = 0  # requests queued, running, or whose KV is on the way here

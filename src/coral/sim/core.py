@@ -223,6 +223,8 @@ class SimCore:
         if inst.state is Lifecycle.DRAINING and inst.held == 0:
             inst.state = next_state(inst.state, LifecycleEvent.IDLE, in_flight=0)
             inst.stop_s = t
+            if inst.phase is Phase.PREFILL:
+                self._retire_deferred(t, inst.midx)
 
     def _remove(self, t: float, inst: Instance) -> None:
         was_active = inst.state is Lifecycle.ACTIVE
@@ -231,6 +233,35 @@ class SimCore:
             inst.stop_s = t
         if was_active:
             self._set_active(inst.midx, inst.phase)
+        if inst.phase is Phase.PREFILL and inst.state is Lifecycle.STOPPED:
+            self._retire_deferred(t, inst.midx)
+
+    def _retire(self, t: float, inst: Instance) -> None:
+        """`inst`'s replacements are ready (make before break): it drains. A decode instance
+        that would leave its model with none (the model switched to colocated serving) waits
+        for the model's prefill instances to stop first, so no prefill ends with nowhere to
+        send its KV."""
+        if not (inst.retiring and inst.state is Lifecycle.ACTIVE):
+            return
+        if inst.phase is Phase.DECODE and self._decode_needed(inst.midx):
+            return  # `_retire_deferred` removes it when the last prefill instance stops
+        self._remove(t, inst)
+
+    def _decode_needed(self, m: int) -> bool:
+        """Model `m` has prefill instances still serving or draining and no decode instance
+        that stays (every active one is retiring)."""
+        return (all(i.retiring for i in self.active[m][1])
+                and any(i.midx == m and i.phase is Phase.PREFILL
+                        and i.state in (Lifecycle.ACTIVE, Lifecycle.DRAINING) for i in self.instances))
+
+    def _retire_deferred(self, t: float, m: int) -> None:
+        """A prefill instance of model `m` stopped: its decode instances whose retirement waited
+        for the prefills drain now, once none is left."""
+        if self._decode_needed(m):
+            return
+        for i in list(self.active[m][1]):
+            if i.retiring and i.retire_s <= t:
+                self._remove(t, i)
 
     # -- requests through the cluster -----------------------------------------------------------
     def _complete(self, t: float, rid: int) -> None:

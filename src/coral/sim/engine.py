@@ -10,7 +10,6 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
-from coral.policy.lifecycle import Lifecycle
 from coral.policy.routing import InstanceSpec
 from coral.sim.cluster import (
     ARRIVAL,
@@ -73,8 +72,7 @@ class _Sim(RequestFlow, Replanning):
             elif kind == READY:
                 self._ready(t, a)
             elif kind == RETIRE:
-                if a.retiring and a.state is Lifecycle.ACTIVE:
-                    self._remove(t, a)
+                self._retire(t, a)
             elif kind == BACKGROUND:
                 a.background = b
                 self.cpu.rerate(t, a)

@@ -13,6 +13,12 @@ from coral.sim.core import SimCore
 from coral.sim.result import EpochRecord, InstanceRecord
 from coral.workload.trace import Trace
 
+# The phases of new instances that take over a removed instance's work: a prefill's arrivals go
+# to prefill or colocated instances, a decode's KV to decode or colocated ones (which prefill
+# their own); a colocated instance's both phases.
+TAKES_OVER = {Phase.PREFILL: (Phase.PREFILL, Phase.COLOCATED), Phase.DECODE: (Phase.DECODE, Phase.COLOCATED),
+              Phase.COLOCATED: (Phase.PREFILL, Phase.DECODE, Phase.COLOCATED)}
+
 
 class Replanning(SimCore):
     """The epoch boundary (demand, `replan`, the new plan applied), the end of the run, and the
@@ -77,11 +83,14 @@ class Replanning(SimCore):
                 inst = self.start_instance(spec, t, t + self.init_s)
                 starting.add((inst.midx, inst.phase))
         # Make before break: an instance being replaced keeps taking traffic until the new
-        # instances of its (model, phase) are ready, then drains; a pure scale-down drains now.
+        # instances that take over its work are ready (`TAKES_OVER`: a switch of the model's mode
+        # replaces its prefill and decode instances by colocated ones, or back), then drains; a
+        # pure scale-down drains now.
         for inst in removed:
-            if (inst.midx, inst.phase) in starting and self.init_s > 0:
+            if self.init_s > 0 and any((inst.midx, p) in starting for p in TAKES_OVER[inst.phase]):
                 inst.retiring = True
-                self.push(t + self.init_s, RETIRE, inst)
+                inst.retire_s = t + self.init_s
+                self.push(inst.retire_s, RETIRE, inst)
             else:
                 self._remove(t, inst)
 

@@ -136,3 +136,39 @@ def test_replaced_instance_serves_until_replacement_is_ready(core) -> None:  # n
     between = (r.arrival_s >= 10.0) & (r.arrival_s < 30.0)
     assert between.any()
     assert float(np.nanmax(r.ttft_s[between])) < 5.0  # no request waited for the new instance
+
+
+def _switch(core, first: str, then: str):  # noqa: ANN001, ANN202
+    """A run whose plan switches the model's mode at 10 s (the new instances ready at 40 s)."""
+    sc, model, trace, s = _setup(core, rate=5.0, duration=60.0)
+    # and one request whose prefill (20 ms) is running when the new instances are ready
+    at = np.searchsorted(trace.arrival_s, 39.99)
+    trace = dataclasses.replace(trace, arrival_s=np.insert(trace.arrival_s, at, 39.99),
+                                prompt_tokens=np.insert(trace.prompt_tokens, at, 100),
+                                output_tokens=np.insert(trace.output_tokens, at, 5))
+    c = InstanceSpec(template=const_template(model, Phase.COLOCATED, layer_s=0.002, batch=8, chunk_tokens=256,
+                                             tok=256.0), region=sc.regions[0])
+    plans = {"disagg": [s["p"], s["d"]], "colocated": [c]}
+    r = simulate(sc, {model: trace}, plans[first], lambda n, d, run, w: plans[then], duration_s=120.0,
+                 epoch_s=10.0, init_s=30.0, seed=0)
+    return r, trace
+
+
+def test_mode_switch_to_colocated_keeps_serving_until_ready(core) -> None:  # noqa: ANN001
+    # Disaggregated -> colocated at 10 s: the prefill and decode instances serve until the
+    # colocated one is ready at 40 s, and no request is left without a decode instance.
+    r, trace = _switch(core, "disagg", "colocated")
+    between = (r.arrival_s >= 10.0) & (r.arrival_s < 40.0)
+    assert between.any()
+    assert float(np.nanmax(r.ttft_s[between])) < 5.0
+    assert {"arrived": trace.num_requests, "finished": trace.num_requests, "failed": 0, "in_flight": 0} == \
+        r.summary(timing=False)["requests"]
+
+
+def test_mode_switch_to_disaggregated_keeps_serving_until_ready(core) -> None:  # noqa: ANN001
+    r, trace = _switch(core, "colocated", "disagg")
+    between = (r.arrival_s >= 10.0) & (r.arrival_s < 40.0)
+    assert between.any()
+    assert float(np.nanmax(r.ttft_s[between])) < 5.0
+    assert {"arrived": trace.num_requests, "finished": trace.num_requests, "failed": 0, "in_flight": 0} == \
+        r.summary(timing=False)["requests"]
