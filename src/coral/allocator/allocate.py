@@ -135,7 +135,9 @@ def _one_mode_per_model(inputs: AllocationInputs, prev_d: dict[tuple[str, str], 
     first, in goodput mode), one model at a time. Each re-plan has the whole time limit.
     """
     plan = _coral_plan(inputs, prev_d, options, start)
-    for m in [m for m, kind in plan.model_modes().items() if kind == "mix"]:
+    while mixed := [m for m, kind in plan.model_modes().items()
+                    if kind == "mix" and m not in (inputs.model_modes or {})]:
+        m = mixed[0]  # a re-plan may mix another model: each is fixed once, so this ends
         tries = []
         for forced in ("disagg", "colocated"):
             one = replace(inputs, model_modes={**(inputs.model_modes or {}), m: forced})
@@ -143,8 +145,9 @@ def _one_mode_per_model(inputs: AllocationInputs, prev_d: dict[tuple[str, str], 
                 tries.append((one, _coral_plan(one, prev_d, options, time.perf_counter())))
             except CoralError:
                 continue  # no template of that kind for m: the other one stands
-        if tries:
-            inputs, plan = min(tries, key=lambda ip: (-ip[1].alpha, ip[1].cost_usd_per_h))
+        if not tries:
+            break  # neither kind alone plans m (it cannot happen when auto had columns of both)
+        inputs, plan = min(tries, key=lambda ip: (-ip[1].alpha, ip[1].cost_usd_per_h))
     return replace(plan, solve_s=time.perf_counter() - start)
 
 

@@ -45,6 +45,18 @@ def test_hand_instance_one_mode_per_model():
     assert [(3, 256, 50.0)] == [(i["count"], i["chunk_tokens"], i["decode_tok_per_s"]) for i in coloc]
 
 
+def test_every_model_gets_one_mode():
+    # Two models, each the hand instance above: alone each would mix ($4.00), so each is re-planned
+    # forced to one kind; colocated ($4.50) beats disaggregated ($5.00) for both: $9.00 in all.
+    s = make_scenario(["m1", "m2"], {("r1", "A"): 1.0, ("r1", "B"): 1.5}, {("r1", "A"): 100, ("r1", "B"): 100})
+    lib = make_library([t for m in ("m1", "m2") for t in (make_template(m, P, ["A"], 100.0), make_template(m, D, ["A"], 50.0),
+                                                          colocated(m, ["B"], 100.0, 50.0))])
+    demand = demand_of({(m, ph): v for m in ("m1", "m2") for ph, v in ((P, 300.0), (D, 100.0))}, ["m1", "m2"])
+    plan = allocate(s, lib, demand=demand)
+    assert {"m1": "colocated", "m2": "colocated"} == plan.model_modes()
+    assert 9.0 == pytest.approx(plan.cost_usd_per_h)
+
+
 def test_baselines_stay_disaggregated():
     s = scenario({("r1", "A"): 1.0, ("r1", "B"): 1.5})
     lib = make_library([make_template("m1", P, ["A"], 100.0), make_template("m1", D, ["A"], 50.0),
