@@ -102,10 +102,9 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     start = time.perf_counter()
     options = options or DEFAULT_OPTIONS
     prev_d = _prev_dict(prev)
-    if method != "coral":  # the baselines plan disaggregated serving, as the paper defines them
-        inputs = replace(inputs, mode="disagg")
     if method == "coral":
         return _one_mode_per_model(inputs, prev_d, options, start)
+    inputs = replace(inputs, mode="disagg")  # the baselines plan disaggregated serving, as the paper defines them
     if method in ("homo", "cauchy"):
         cols = build_columns(inputs, max_nodes=1)  # single-node templates only
     else:
