@@ -6,13 +6,13 @@ import dataclasses
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 
 import numpy as np
 
 from coral.allocator.baselines import cauchy, greedy_per_group
-from coral.allocator.ilp import build_plan, prev_counts
+from coral.allocator.ilp import build_plan, prev_counts, sub_columns
 from coral.allocator.inputs import (
     AllocationInputs,
     Columns,
@@ -23,6 +23,8 @@ from coral.allocator.inputs import (
 )
 from coral.allocator.plan import Plan
 from coral.allocator.search import Allocated, solve_allocation
+from coral.allocator.spot import is_spot_region, spot_discount, spot_region
+from coral.allocator.spot_caps import spot_cap_rows
 from coral.errors import CoralError
 from coral.perf.model import Phase
 from coral.scenario import Scenario
@@ -55,7 +57,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
              availability: Mapping[tuple[str, str], int] | None = None,
              prev: PrevPlan | None = None, options: SolveOptions | None = None,
              nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None,
-             mode: str = "auto") -> Plan:
+             mode: str = "auto", spot_down: Collection[tuple[str, str]] = ()) -> Plan:
     """Plan which templates to run where, at least cost (or most goodput when nodes are short).
 
     Args:
@@ -76,6 +78,9 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
             the SLO, quoted in the error when a model has no template (the library may know it).
         mode: "auto" (disaggregated or colocated, the cheaper per model), "disagg" or
             "colocated" (every model so); the baselines always plan disaggregated.
+        spot_down: (region, config) spot pools that cannot be had now (a preemption took them
+            and the capacity is not back): the plan rents no spot node there. Spot offers come
+            from the scenario (`regions[].spot`); with none, nothing about spot changes.
 
     Returns:
         A `Plan`. Its status is the solver's; on a time-out or solver failure without any plan
@@ -89,7 +94,7 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
     if method not in METHODS:
         raise CoralError(f"unknown allocation method {method!r}; valid: {', '.join(METHODS)}")
     inputs = build_inputs(scenario, library, demand=demand, availability=availability,
-                          nearest_latency_ms=nearest_latency_ms, mode=mode)
+                          nearest_latency_ms=nearest_latency_ms, mode=mode, spot_down=spot_down)
     # the time limit is the solve's: a first run that spends it replaying the traffic for the
     # capacity targets (cached afterwards) would otherwise stop the solve early on its first run only
     plan = allocate_inputs(inputs, method=method, prev=prev, options=options)
@@ -187,7 +192,19 @@ def frontier_columns(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarra
     In O(columns): visit the columns by Θ descending; a column is on the frontier iff it costs
     less than every column visited before it. Templates of equal Θ form one block (numbered once
     per library, `Columns.theta_block`), of which only the cheapest column can be kept.
+
+    With spot markets, a column's capacity is its template's `Θ` times the market's discount for
+    its node count, so the blocks of equal `Θ` do not hold: the frontier is found by sorting, on
+    the capacity each column counts. A column under a spot share cap (C5) is always kept (a cap
+    can bind on the column that dominates it).
     """
+    if cols.market_spot is not None and cols.market_spot.any():
+        capped = np.zeros(cols.num_cols, dtype=bool)
+        capped[spot_cap_rows(inputs, cols).col] = True
+        free = np.flatnonzero(~capped)
+        keep = capped.copy()
+        keep[free] = _frontier_by_sort(inputs, sub_columns(cols, free), nu_prev[free])
+        return keep
     if cols.theta_block is None:
         return _frontier_by_sort(inputs, cols, nu_prev)
     cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
@@ -226,7 +243,7 @@ def _keep_colocated(cols: Columns, keep: np.ndarray) -> np.ndarray:
 def _frontier_by_sort(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray) -> np.ndarray:
     """`frontier_columns` by sorting all columns (for Columns built without Θ blocks; also the
     reference the tests hold the linear pass to)."""
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = (cols.table if cols.table is not None else cols.group)[cols.col_t]
     cost = cols.price * (1.0 + inputs.init_s / inputs.horizon_s)
     keep = nu_prev > 0
@@ -277,7 +294,7 @@ def _sub_counts(inputs: AllocationInputs, plan: Plan, sub: Columns) -> np.ndarra
     r_of = {r: i for i, r in enumerate(inputs.regions)}
     for i in plan.instances:
         t = sub.template_index(i.template.key)
-        hit = (np.flatnonzero((sub.col_t == t) & (sub.col_r == r_of[i.region])) if t is not None
+        hit = (np.flatnonzero((sub.col_t == t) & (sub.col_r == r_of[i.market])) if t is not None
                else np.zeros(0, dtype=np.int64))
         if len(hit):
             out[hit[0]] = i.count
@@ -333,7 +350,8 @@ def tight_availability(scenario: Scenario, library: TemplateLibrary, *, margin: 
     for g, g_min in used.items():
         names, usage, _ = _table(inputs.templates.get(g, ())).arrays()  # the library's arrays, no objects
         shapes = {names[k] for k in range(len(names)) if usage[:, k].any()}
-        offers = [(r, c) for (r, c) in inputs.prices if c in shapes and r in inputs.allowed_regions[g[0]]]
+        offers = [(r, c) for (r, c) in inputs.prices if c in shapes and r in inputs.allowed_regions[g[0]]
+                  and not is_spot_region(r)]  # a spot market has its region's on-demand count
         for key in offers:
             share[key] += (1 + m) * g_min / len(offers)
     return {key: max(floor, math.ceil(v / gpus.get(key[1], 1) - 1e-9)) for key, v in share.items()}
@@ -361,6 +379,27 @@ def _demand_problems(plan: Plan, inputs: AllocationInputs, cap: Mapping[tuple[st
     least = min(fractions, default=1.0)
     if not math.isclose(least, plan.alpha, rel_tol=1e-9, abs_tol=1e-9):
         problems.append(f"alpha {plan.alpha} != least served fraction {least}")
+    return problems
+
+
+def _cap_problems(plan: Plan, inputs: AllocationInputs) -> list[str]:
+    """`verify_plan`'s spot share caps: per spot market and (model, phase), the capacity its spot
+    instances count there (a colocated one in both phases) is at most the cap times the demand."""
+    used: dict[tuple[str, str, Phase], float] = defaultdict(float)
+    for i in plan.instances:
+        if not i.spot:
+            continue
+        if i.phase is Phase.COLOCATED:
+            used[(i.market, i.model, Phase.PREFILL)] += i.capacity_tok_per_s
+            used[(i.market, i.model, Phase.DECODE)] += i.count * i.capacity_share * (i.template.decode_tok_per_s or 0.0)
+        else:
+            used[(i.market, i.model, i.phase)] += i.capacity_tok_per_s
+    problems = []
+    for (market, model, phase), have in sorted(used.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2].value)):
+        cap = (inputs.spot_share_cap or {}).get((market, model), 1.0)
+        limit = cap * inputs.demand.get((model, phase), 0.0)
+        if cap < 1.0 and have > limit * (1 + _REL_TOL) + 1e-9:
+            problems.append(f"{market}/{model}/{phase.value}: spot capacity {have:.6g} > cap {cap:g} x demand")
     return problems
 
 
@@ -398,7 +437,8 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
     cost = 0.0
     for i in plan.instances:
         t = i.template
-        tag = f"instance {i.region}/{t.key}"
+        where = i.market  # the region, or its spot market
+        tag = f"instance {where}/{t.key}"
         lib_t = library_template(t)
         if lib_t is None:
             problems.append(f"{tag}: template not in the library")
@@ -406,20 +446,29 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
             problems.append(f"{tag}: throughput {t.throughput_tok_per_s} != library {lib_t.throughput_tok_per_s}")
         if t.model not in inputs.allowed_regions:
             problems.append(f"{tag}: unknown model")
-        elif i.region not in inputs.allowed_regions[t.model]:
-            problems.append(f"{tag}: model may not run in {i.region}")
-        missing = [c for c in t.counts if (i.region, c) not in inputs.prices]
+        elif where not in inputs.allowed_regions[t.model]:
+            problems.append(f"{tag}: model may not run in {where}")
+        missing = [c for c in t.counts if (where, c) not in inputs.prices]
         if missing:
-            problems.append(f"{tag}: {', '.join(missing)} not sold in {i.region}")
+            problems.append(f"{tag}: {', '.join(missing)} not sold in {where}")
             continue
-        price = sum(inputs.prices[(i.region, c)] * n for c, n in t.counts.items())
+        price = sum(inputs.prices[(where, c)] * n for c, n in t.counts.items())
         if not math.isclose(price, i.price_usd_per_h, rel_tol=1e-9, abs_tol=1e-9):
             problems.append(f"{tag}: price {i.price_usd_per_h} != {price} from the region's prices")
+        share = 1.0
+        if i.spot and where in (inputs.spot or {}):
+            share = spot_discount(len(t.nodes), (inputs.spot or {})[where], inputs.epoch_s, inputs.init_s).factor
+        if not math.isclose(share, i.capacity_share, rel_tol=1e-9):
+            problems.append(f"{tag}: capacity share {i.capacity_share} != {share} (the spot discount)")
         for c, n in t.counts.items():
-            nodes[(i.region, c)] += n * i.count
-        cap[(t.model, t.phase)] += i.count * t.throughput_tok_per_s
+            nodes[(where, c)] += n * i.count
+        if t.phase is Phase.COLOCATED:  # Θ_P in the prefill row, Θ_D in the decode row
+            cap[(t.model, Phase.PREFILL)] += i.count * share * t.throughput_tok_per_s
+            cap[(t.model, Phase.DECODE)] += i.count * share * (t.decode_tok_per_s or 0.0)
+        else:
+            cap[(t.model, t.phase)] += i.count * share * t.throughput_tok_per_s
         cost += price * i.count
-    listed = {(n.region, n.config): n.count for n in plan.nodes if n.count}
+    listed = {(spot_region(n.region) if n.spot else n.region, n.config): n.count for n in plan.nodes if n.count}
     if listed != dict(nodes):
         problems.append(f"nodes {listed} != the instances' {dict(nodes)}")
     if not unbounded:
@@ -427,6 +476,7 @@ def verify_plan(plan: Plan, scenario: Scenario, library: TemplateLibrary, *,
             a = inputs.availability.get(key)
             if a is not None and n > a:
                 problems.append(f"{key[0]}/{key[1]}: {n} nodes > {a} available")
+    problems += _cap_problems(plan, inputs)
     problems += _demand_problems(plan, inputs, cap)
     if not math.isclose(cost, plan.cost_usd_per_h, rel_tol=1e-9, abs_tol=1e-9):
         problems.append(f"cost {plan.cost_usd_per_h} != {cost} recomputed from the instances")

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import numpy as np
 
 from coral.allocator.inputs import AllocationInputs, Columns
+from coral.allocator.spot_caps import spot_cap_rows
 from coral.perf.model import Phase
 
 CAUCHY_MAX_DECODE_PER_PREFILL = 8  # k in a Cauchy GPU combo: 1 prefill replica feeds up to k decode replicas
@@ -17,7 +18,7 @@ _TOL = 1e-9
 
 def _efficiency(cols: Columns) -> np.ndarray:
     """Throughput per $ of each column (inf for a free column)."""
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     with np.errstate(divide="ignore"):
         return np.where(cols.price > 0, theta / np.where(cols.price > 0, cols.price, 1.0), np.inf)
 
@@ -45,6 +46,15 @@ def _fits_all(cols: Columns, cand: np.ndarray, rem: np.ndarray) -> np.ndarray:
     return np.floor(ratio.min(axis=1))
 
 
+def _uncapped(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
+    """Per column, whether a baseline may use it: not under a spot share cap below 1. The
+    baselines keep a cap by not renting spot there at all (a cap of 1, the default, leaves every
+    spot column open: spot-aware baselines)."""
+    ok = np.ones(cols.num_cols, dtype=bool)
+    ok[spot_cap_rows(inputs, cols).col] = False
+    return ok
+
+
 def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     """`homo` / `template-greedy`: per (model, phase) in the scenario's order, in isolation,
     repeatedly provision the column (region, template) with the most *useful* throughput per $,
@@ -60,11 +70,12 @@ def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     """
     rem = cols.avail.copy()
     nu = np.zeros(cols.num_cols, dtype=np.int64)
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = cols.group[cols.col_t]
+    ok = _uncapped(inputs, cols)
     for gi in range(len(cols.groups)):
         need = float(cols.demand[gi])
-        cand = np.flatnonzero(grp == gi)
+        cand = np.flatnonzero((grp == gi) & ok)
         # a fixed order for ties: more throughput, then region / template order
         cand = cand[np.lexsort((cols.col_t[cand], cols.col_r[cand], -theta[cand]))]
         while need > _TOL * cols.demand[gi] and cand.size:
@@ -107,10 +118,11 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     rem = cols.avail.copy()
     nu = np.zeros(cols.num_cols, dtype=np.int64)
     eff = _efficiency(cols)
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = cols.group[cols.col_t]
     gidx = {g: i for i, g in enumerate(cols.groups)}
     R = len(inputs.regions)
+    ok = _uncapped(inputs, cols)
     for m in inputs.models:
         gp, gd = gidx.get((m, Phase.PREFILL)), gidx.get((m, Phase.DECODE))
         need = {gi: float(cols.demand[gi]) for gi in (gp, gd) if gi is not None}
@@ -118,7 +130,7 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
             continue
 
         def best(gi: int, r: int, units: int = 1) -> int | None:
-            cand = np.flatnonzero((grp == gi) & (cols.col_r == r))
+            cand = np.flatnonzero((grp == gi) & (cols.col_r == r) & ok)
             cand = cand[np.lexsort((cols.col_t[cand], -theta[cand], -eff[cand]))]
             for j in cand:
                 if _fits(cols, int(j), rem) >= units:

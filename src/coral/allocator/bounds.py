@@ -57,7 +57,7 @@ def availability_duals(cols: Columns, c: np.ndarray, lp: SolveResult, *, maximiz
     k = R * C + G
     gram = np.zeros((k, k))  # the normal equations BᵀB y = Bᵀ(c − d), block by block (B is sparse)
     target = np.zeros(k)
-    theta = cols.throughput[cols.col_t[rows]]
+    theta = cols.col_theta()[rows]
     grp = cols.group[cols.col_t[rows]]
     rhs = rhs_all[rows]
     use = cols.usage[cols.col_t[rows]].astype(float)
@@ -131,7 +131,7 @@ def lagrangian_cost_bound(cols: Columns, c: np.ndarray, ub: np.ndarray, alpha: f
         return None
     w, cap = _weights(cols, lam)
     cost = np.asarray(c[:cols.num_cols], dtype=float) + w
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     total = -cap
     covers = np.zeros(cols.num_cols)
     deadline = time.perf_counter() + limit_s
@@ -159,7 +159,7 @@ def lagrangian_alpha_bound(cols: Columns, ub: np.ndarray, lp: SolveResult, lo: f
     if lam is None or not lam.any() or not hi > lo > 0:
         return hi, 0
     w, cap = _weights(cols, lam)
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     groups = _by_group(cols)
 
     deadline = time.perf_counter() + limit_s
@@ -334,7 +334,7 @@ def alpha_out_of_reach(cols: Columns, ub: np.ndarray, lp: SolveResult, alpha: fl
     rows_rc = np.flatnonzero(finite.reshape(-1))
     cap = cols.avail.reshape(-1)[rows_rc]
     G = len(cols.groups)
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     groups = _by_group(cols)
     use = cols.usage[cols.col_t].astype(float)
     R, C = cols.avail.shape

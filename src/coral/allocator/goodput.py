@@ -216,7 +216,7 @@ def alpha_pass(budget: SolveBudget, inputs: AllocationInputs, cols: Columns, nu_
     g_lp = budget.run(relaxed(g_form)) if use_lp else None
     if g_lp is not None and g_lp.x is not None and g_lp.status is Status.OPTIMAL:
         alpha_lp = min(float(g_lp.objective), 1.0)
-        nu0 = max_alpha_incumbent(cols, g_lp.x[:g_form.n], ub=g_form.model.col_upper[:g_form.n])
+        nu0 = max_alpha_incumbent(cols, g_lp.x[:g_form.n], ub=g_form.incumbent_ub)
         start_x = np.zeros(g_form.model.num_cols)
         start_x[:g_form.n] = nu0
         start_x[g_form.alpha_col] = min(float(served(cols, nu0).min()), 1.0)
@@ -246,7 +246,7 @@ def cost_at_alpha_ranked(budget: SolveBudget, inputs: AllocationInputs, cols: Co
     assert c_lp.x is not None
     nu0 = found.nu
     price = c_form.model.c[:c_form.n]
-    rounded = min_cost_incumbent(cols, c_lp.x[:c_form.n], price, alpha=c_alpha, ub=c_form.model.col_upper[:c_form.n])
+    rounded = min_cost_incumbent(cols, c_lp.x[:c_form.n], price, alpha=c_alpha, ub=c_form.incumbent_ub)
     if rounded is not None and float(price @ rounded) < float(price @ found.nu):
         nu0 = rounded
     got = polish(budget, inputs, cols, nu_prev, "cost", c_alpha, c_form, c_lp, nu0, gap=gap, foreign=foreign)

@@ -17,6 +17,8 @@ from coral.allocator.bounds import (
 from coral.allocator.incumbent import max_alpha_incumbent, min_cost_incumbent, served
 from coral.allocator.inputs import AllocationInputs, Columns, group_capacity
 from coral.allocator.plan import DemandLine, Instance, NodeUse, Plan
+from coral.allocator.spot import base_region, is_spot_region
+from coral.allocator.spot_caps import spot_cap_rows
 from coral.solver import CsrMatrix, MilpModel, SolveOptions, SolveResult, Status, solve
 
 Mode = Literal["cost", "goodput"]
@@ -41,6 +43,9 @@ class Formulation:
     running: np.ndarray
     alpha_col: int | None
     penalty: np.ndarray  # `π_j` per ν column
+    # per ν column, the bound the rounding heuristics (`coral.allocator.incumbent`) keep to: its
+    # upper bound, 0 for a column under a spot share cap (C5), so a rounded plan keeps every cap
+    incumbent_ub: np.ndarray
 
 
 def prev_counts(inputs: AllocationInputs, cols: Columns,
@@ -94,7 +99,11 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         (C3) start-up: `ν_j − δ_j ≤ ν^prev_j` for `j ∈ J⁺` (cost mode only);
         (C4) stop: `ν_j + ε_j ≥ ν^prev_j` for `j ∈ J⁺` (cost mode only): a replacement must save
              more than the drain overlap and the start-up together, which keeps re-planning from
-             churning instances for a marginally cheaper mix.
+             churning instances for a marginally cheaper mix;
+        (C5) spot share cap: `Σ_{j∈g, r_j = r} s_j·Θ_j·ν_j ≤ cap_{r,m}·D_g` for every spot market
+             `r` and group `g` of a model `m` whose cap there is below 1 (`coral.allocator.spot_caps`).
+        A spot market's columns count `s_j·Θ_j` in (C2) and (C5), `s_j` the survival discount of
+        their template's node count (`coral.allocator.spot`); on-demand columns have `s_j = 1`.
 
     Args:
         inputs: checked inputs (for the start-up time).
@@ -109,13 +118,13 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     n = cols.num_cols
     G = len(cols.groups)
     R, C = cols.avail.shape
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = cols.group[cols.col_t]
     penalty = cols.price * (inputs.init_s / inputs.horizon_s)
     need = np.ceil(np.maximum(cols.demand[grp], 0.0) / theta - 1e-9)
     cross = cols.cross_group[cols.col_t] if cols.cross_group is not None else np.full(n, -1, dtype=np.int64)
     both = np.flatnonzero(cross >= 0)  # colocated columns: Θ_P in the prefill row, Θ_D in the decode row
-    cross_theta = cols.cross_throughput[cols.col_t[both]] if cols.cross_throughput is not None else np.zeros(0)
+    cross_theta = cols.col_cross_theta()[both]
     if both.size:
         need[both] = np.maximum(need[both], np.ceil(cols.demand[cross[both]] / cross_theta - 1e-9))
     ub = np.minimum(cols.ub, np.maximum(need, 0.0))
@@ -181,6 +190,16 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
         hi_parts.append(np.full(k, np.inf))
         next_row += k
 
+    # (C5) spot share caps: per (spot market, group) of a model with a cap below 1
+    caps = spot_cap_rows(inputs, cols)
+    if caps.num_rows:
+        row_parts.append(next_row + caps.row)
+        col_parts.append(caps.col)
+        val_parts.append(caps.value)
+        lo_parts.append(np.full(caps.num_rows, -np.inf))
+        hi_parts.append(caps.limit)
+        next_row += caps.num_rows
+
     A = CsrMatrix.from_coo(np.concatenate(val_parts), np.concatenate(row_parts), np.concatenate(col_parts),
                            shape=(next_row, num))
     col_lower = np.zeros(num)
@@ -193,8 +212,10 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     model = MilpModel(c=c, A=A, row_lower=np.concatenate(lo_parts), row_upper=np.concatenate(hi_parts),
                       col_lower=col_lower, col_upper=col_upper, integrality=integrality,
                       sense="max" if use_alpha else "min", resolution=resolution)
+    incumbent_ub = ub.copy()
+    incumbent_ub[caps.col] = 0.0
     return Formulation(model=model, mode=mode, n=n, running=running, alpha_col=n + 2 * k if use_alpha else None,
-                       penalty=penalty)
+                       penalty=penalty, incumbent_ub=incumbent_ub)
 
 
 def decode_counts(form: Formulation, result: SolveResult) -> np.ndarray | None:
@@ -214,15 +235,19 @@ def build_plan(inputs: AllocationInputs, cols: Columns, nu: np.ndarray, nu_prev:
     """
     nz = np.flatnonzero(nu > 0)
     R, C = cols.avail.shape
-    instances = tuple(Instance(region=inputs.regions[int(cols.col_r[j])], template=cols.templates[int(cols.col_t[j])],
-                               count=int(nu[j]), price_usd_per_h=float(cols.price[j])) for j in nz)
+    share, spot = cols.col_share(), cols.col_spot()
+    instances = tuple(Instance(region=base_region(inputs.regions[int(cols.col_r[j])]),
+                               template=cols.templates[int(cols.col_t[j])], count=int(nu[j]),
+                               price_usd_per_h=float(cols.price[j]), spot=bool(spot[j]),
+                               capacity_share=float(share[j])) for j in nz)
     node_counts = np.zeros((R, C), dtype=np.int64)
     np.add.at(node_counts, cols.col_r[nz], cols.usage[cols.col_t[nz]] * nu[nz, None])
     nodes = []
     for ri, ci in zip(*np.nonzero(node_counts), strict=True):
         a = cols.avail[ri, ci]
-        nodes.append(NodeUse(region=inputs.regions[ri], config=inputs.configs[ci], count=int(node_counts[ri, ci]),
-                             available=None if math.isinf(a) else int(a)))
+        market = inputs.regions[ri]
+        nodes.append(NodeUse(region=base_region(market), config=inputs.configs[ci], count=int(node_counts[ri, ci]),
+                             available=None if math.isinf(a) else int(a), spot=is_spot_region(market)))
     cap = group_capacity(cols, nz, nu[nz])
     cap_of = {g: float(cap[i]) for i, g in enumerate(cols.groups)}
     demand = tuple(DemandLine(model=m, phase=ph, demand_tok_per_s=float(inputs.demand[(m, ph)]),
@@ -466,9 +491,9 @@ def round_cost_lp(cols: Columns, form: Formulation, lp: SolveResult | None) -> t
     if lp is None or lp.x is None or cols.num_cols < REDUCE_COLUMNS:
         return nu0, cost_round
     if lp.status is Status.OPTIMAL:
-        nu0 = min_cost_incumbent(cols, lp.x[:form.n], form.model.c[:form.n], ub=form.model.col_upper[:form.n])
+        nu0 = min_cost_incumbent(cols, lp.x[:form.n], form.model.c[:form.n], ub=form.incumbent_ub)
     if nu0 is None:
-        cost_round = max_alpha_incumbent(cols, lp.x[:form.n], ub=form.model.col_upper[:form.n])
+        cost_round = max_alpha_incumbent(cols, lp.x[:form.n], ub=form.incumbent_ub)
         if float(served(cols, cost_round).min()) >= 1.0:
             nu0 = cost_round
     return nu0, cost_round

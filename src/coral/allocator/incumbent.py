@@ -83,7 +83,7 @@ def _greedy(cols: Columns, nu: np.ndarray, ub: np.ndarray, max_steps: int, seed_
     rem = cols.avail.copy()
     nz = np.flatnonzero(nu)
     np.add.at(rem, cols.col_r[nz], -(cols.usage[cols.col_t[nz]].astype(float) * nu[nz, None]))
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = cols.group[cols.col_t]
     by_group = [np.flatnonzero(grp == g) for g in range(len(cols.groups))]
     frac = served(cols, nu)
@@ -177,7 +177,7 @@ def min_cost_incumbent(cols: Columns, nu_lp: np.ndarray, cost: np.ndarray, *, al
     rem = cols.avail.copy()
     nz = np.flatnonzero(nu)
     np.add.at(rem, cols.col_r[nz], -(cols.usage[cols.col_t[nz]].astype(float) * nu[nz, None]))
-    theta = cols.throughput[cols.col_t]
+    theta = cols.col_theta()
     grp = cols.group[cols.col_t]
     cap = group_capacity(cols, np.arange(cols.num_cols), nu)
     cross, cross_theta = _cross(cols)
@@ -203,4 +203,4 @@ def _cross(cols: Columns) -> tuple[np.ndarray, np.ndarray]:
     """Per column: the second demand row a colocated template serves (-1: none) and its `Θ_D` there."""
     if cols.cross_group is None or cols.cross_throughput is None:
         return np.full(cols.num_cols, -1, dtype=np.int64), np.zeros(cols.num_cols)
-    return cols.cross_group[cols.col_t], cols.cross_throughput[cols.col_t]
+    return cols.cross_group[cols.col_t], cols.col_cross_theta()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from coral.allocator.demand import capacity_targets
+from coral.allocator.spot import add_spot_markets, base_region, share_table, spot_region
+from coral.catalog.spot import SpotProcess
 from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import Scenario
@@ -54,6 +56,11 @@ class AllocationInputs:
     mode: str = "auto"  # one of MODES; `templates` holds (model, COLOCATED) groups beside the demand groups
     colocated_notes: Mapping[str, tuple[str, ...]] | None = None  # per model: the nodes it is not colocatable on
     model_modes: Mapping[str, str] | None = None  # per model, a mode overriding `mode` (the mix repair)
+    # Spot (issue 30): each region with spot offers has a second market, `spot_region(r)`, in
+    # `regions`, `prices`, `availability` and `allowed_regions`; `spot` holds its process, and
+    # `spot_share_cap` each model's cap there, (spot market, model) -> share (only caps below 1).
+    spot: Mapping[str, SpotProcess] | None = None
+    spot_share_cap: Mapping[tuple[str, str], float] | None = None
 
     def __post_init__(self) -> None:
         for m in (self.mode, *(self.model_modes or {}).values()):
@@ -99,11 +106,14 @@ def _node_count(value: Any, field: str) -> int:
 def _availability(scenario: Scenario, prices: Mapping[tuple[str, str], float], regions: tuple[str, ...],
                   configs: tuple[str, ...], availability: Mapping[tuple[str, str], int] | None,
                   unbounded: bool) -> dict[tuple[str, str], int | None]:
-    """Nodes per priced (region, config): the scenario's, `availability`'s where given, None if unbounded."""
+    """Nodes per priced (region, config): the scenario's, `availability`'s where given, None if
+    unbounded. A spot market has its region's on-demand count (the scenario's, or `availability`'s
+    for the region) unless `availability` names the spot market itself."""
     avail: dict[tuple[str, str], int | None] = {}
     for key in prices:
-        avail[key] = None if unbounded else _node_count(scenario.availability.get(key, 0),
-                                                         f"availability[{key[0]}, {key[1]}]")
+        base = (base_region(key[0]), key[1])
+        avail[key] = None if unbounded else _node_count(scenario.availability.get(base, 0),
+                                                         f"availability[{base[0]}, {base[1]}]")
     if availability is not None and not unbounded:
         for key, n in availability.items():
             if not (isinstance(key, tuple) and len(key) == 2):
@@ -116,6 +126,9 @@ def _availability(scenario: Scenario, prices: Mapping[tuple[str, str], float], r
             count = _node_count(n, f"availability[{r}, {c}]")
             if key in prices:
                 avail[key] = count
+                twin = (spot_region(r), c)
+                if twin in prices and twin not in availability:
+                    avail[twin] = count
             elif count:
                 raise CoralError(f"availability[{r}, {c}] = {count}, but {c} has no price in {r}")
     return avail
@@ -126,7 +139,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
                  availability: Mapping[tuple[str, str], int] | None = None,
                  unbounded: bool = False,
                  nearest_latency_ms: Mapping[tuple[str, Phase | str], float] | None = None,
-                 mode: str = "auto") -> AllocationInputs:
+                 mode: str = "auto", spot_down: Collection[tuple[str, str]] = ()) -> AllocationInputs:
     """Check and gather the inputs of one allocation.
 
     Args:
@@ -140,6 +153,8 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
         nearest_latency_ms: per (model, phase), the latency of the closest template that missed
             the SLO, quoted when a model has no template.
         mode: one of `MODES`: which template kinds the allocation may use.
+        spot_down: (region, config) spot pools that cannot be had now (lost to a preemption and
+            not back yet): their spot market gets no node.
 
     Raises:
         CoralError: a negative / NaN / infinite demand, price or availability (naming the
@@ -151,8 +166,12 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     for (r, c), p in scenario.prices.items():
         prices[(r, c)] = _finite_nonneg(p, f"prices[{r}, {c}]")
     configs = tuple(dict.fromkeys([c.name for c in scenario.configs] + [c for _, c in prices]))
+    spot_markets, processes, caps = add_spot_markets(scenario, regions, prices)
 
-    avail = _availability(scenario, prices, regions, configs, availability, unbounded)
+    avail = _availability(scenario, prices, regions + spot_markets, configs, availability, unbounded)
+    for r, c in spot_down:
+        if (spot_region(r), c) in avail:
+            avail[(spot_region(r), c)] = 0
 
     dem: dict[Group, float] = {}
     slo: dict[Group, float] = {}
@@ -163,6 +182,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
         targets = capacity_targets(scenario, library=library)
     for m in scenario.models:
         allowed[m.name] = tuple(m.regions) if m.regions else regions
+        allowed[m.name] += tuple(spot_region(r) for r in allowed[m.name] if spot_region(r) in processes)
         for ph in PHASES:
             if (m.name, ph) in missing:
                 dem[(m.name, ph)] = _finite_nonneg(targets[(m.name, ph)].capacity_tok_per_s,
@@ -186,7 +206,8 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     templates = {g: library.of(*g) for g in dem}  # as the library holds them (lazy columnar tables stay lazy)
     templates.update({(m, Phase.COLOCATED): library.of(m, Phase.COLOCATED) for m in models})
     notes = {st.model: st.notes for st in library.stats if st.phase is Phase.COLOCATED}
-    return AllocationInputs(mode=mode, colocated_notes=notes,models=models, regions=regions, configs=configs, prices=prices, availability=avail,
+    return AllocationInputs(mode=mode, colocated_notes=notes, models=models, regions=regions + spot_markets,
+                            configs=configs, prices=prices, availability=avail, spot=processes, spot_share_cap=caps,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
                             epoch_s=float(scenario.planner.epoch_s),
@@ -246,10 +267,42 @@ class Columns:
     cross_throughput: np.ndarray | None = None
     table: np.ndarray | None = None  # per template: its table (a demand group's, or a model's colocated one)
     table_keys: tuple[tuple[str, Phase], ...] | None = None  # per table: (model, phase), phase COLOCATED for those
+    # Spot: per region (market) and node count, the share of a template's capacity the plan counts
+    # (`coral.allocator.spot.share_table`; None: no spot market, every share is 1), and per
+    # template its node count. Per (region, template) rather than per column, so that a subset
+    # of the columns (`col_t`, `col_r`, ...) needs nothing else kept in step.
+    spot_share: np.ndarray | None = None
+    nodes_of: np.ndarray | None = None
+    market_spot: np.ndarray | None = None  # per region (market): a spot market (None: none is)
 
     @property
     def num_cols(self) -> int:
         return int(self.col_t.shape[0])
+
+    def col_share(self) -> np.ndarray:
+        """Per column, the share of its template's capacity the plan counts (1 on-demand)."""
+        if self.spot_share is None or self.nodes_of is None:
+            return np.ones(self.num_cols)
+        return self.spot_share[self.col_r, self.nodes_of[self.col_t]]
+
+    def col_theta(self) -> np.ndarray:
+        """Per column, the capacity one instance counts for in its primary row: `s_j·Θ(τ_j)`."""
+        theta = self.throughput[self.col_t]
+        return theta if self.spot_share is None else theta * self.col_share()
+
+    def col_cross_theta(self) -> np.ndarray:
+        """Per column, what one instance counts for in its second row (`s_j·Θ_D` of a colocated
+        template; 0 for the others)."""
+        if self.cross_throughput is None:
+            return np.zeros(self.num_cols)
+        theta = self.cross_throughput[self.col_t]
+        return theta if self.spot_share is None else theta * self.col_share()
+
+    def col_spot(self) -> np.ndarray:
+        """Per column, whether it rents spot nodes."""
+        if self.market_spot is None:
+            return np.zeros(self.num_cols, dtype=bool)
+        return self.market_spot[self.col_r]
 
     def template_index(self, key: str) -> int | None:
         """The index into `templates` of the template with this `Template.key`, or None."""
@@ -445,6 +498,11 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         for r in inputs.allowed_regions[m]:
             allowed[gi, reg_index[r]] = True
 
+    if inputs.spot:
+        processes = [inputs.spot.get(r) for r in inputs.regions]
+        nodes_of = lay.usage.sum(axis=1, dtype=np.int64)
+        extra.update(spot_share=share_table(processes, int(nodes_of.max(initial=1)), inputs.epoch_s, inputs.init_s),
+                     nodes_of=nodes_of, market_spot=np.array([p is not None for p in processes], dtype=bool))
     market = (id(lay), price_rc.tobytes(), avail.tobytes(), allowed.tobytes())
     hit = _MARKETS.get(market)
     if hit is not None and hit[0] is lay:  # same library, prices, availability and regions: same columns
@@ -537,11 +595,11 @@ def group_capacity(cols: Columns, col_idx: np.ndarray, nu: np.ndarray) -> np.nda
     a template's own group, and a colocated template's `Θ_D` in its model's decode group too."""
     cap = np.zeros(len(cols.groups))
     t = cols.col_t[col_idx]
-    np.add.at(cap, cols.group[t], cols.throughput[t] * nu)
+    np.add.at(cap, cols.group[t], cols.col_theta()[col_idx] * nu)
     if cols.cross_group is not None and cols.cross_throughput is not None:
         cg = cols.cross_group[t]
         has = cg >= 0
-        np.add.at(cap, cg[has], cols.cross_throughput[t][has] * np.asarray(nu)[has])
+        np.add.at(cap, cg[has], cols.col_cross_theta()[col_idx][has] * np.asarray(nu)[has])
     return cap
 
 
@@ -627,3 +685,4 @@ def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -
     while len(_LAYOUTS) > 8:
         _LAYOUTS.popitem(last=False)
     return lay
+

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coral.allocator.spot import spot_region
 from coral.perf.model import Phase
 from coral.solver import Status
 from coral.templates.template import Template
@@ -19,26 +20,41 @@ PlanStatus = Status
 
 # The plan file's format version (`coral.runtime.deploy.plan_file` refuses others). 2: instances
 # carry micro_batch, slo_ms, budget_ms and per-stage node_index / throughput_tok_per_s. 3: colocated
-# instances (phase "colocated", chunk_tokens, decode_tok_per_s) and each model's mode.
-PLAN_JSON_VERSION = 3
+# instances (phase "colocated", chunk_tokens, decode_tok_per_s) and each model's mode. 4: spot
+# instances and nodes (`spot`, and each instance's `capacity_share`, the share of its capacity the
+# plan counted).
+PLAN_JSON_VERSION = 4
 #: A model's serving mode in a plan: disaggregated pools only, colocated instances only, or both.
 MODEL_MODES = ("disagg", "colocated", "mix")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Instance:
-    """`count` serving instances of one template in one region."""
+    """`count` serving instances of one template in one region, on-demand or spot.
+
+    A spot instance (`spot`) pays the spot price and counts `capacity_share` of its throughput:
+    the chance that all its nodes survive an epoch and a replacement's start-up
+    (`coral.allocator.spot`); an on-demand one counts all of it."""
 
     region: str
     template: Template
     count: int
-    price_usd_per_h: float  # one instance: `p_r(τ)`
+    price_usd_per_h: float  # one instance: `p_r(τ)` (the spot price for a spot instance)
+    spot: bool = False
+    capacity_share: float = 1.0
 
     def __post_init__(self) -> None:
         if self.count < 1:
             raise ValueError(f"Instance.count must be >= 1, got {self.count}")
         if not (math.isfinite(self.price_usd_per_h) and self.price_usd_per_h >= 0):
             raise ValueError(f"Instance.price_usd_per_h must be finite and >= 0, got {self.price_usd_per_h}")
+        if not 0 < self.capacity_share <= 1:
+            raise ValueError(f"Instance.capacity_share must be in (0, 1], got {self.capacity_share}")
+
+    @property
+    def market(self) -> str:
+        """The allocator's market of this instance: its region, or the region's spot market."""
+        return spot_region(self.region) if self.spot else self.region
 
     @property
     def model(self) -> str:
@@ -55,7 +71,8 @@ class Instance:
 
     @property
     def capacity_tok_per_s(self) -> float:
-        return self.count * self.template.throughput_tok_per_s
+        """What the plan counts these instances for: `count · capacity_share · Θ(τ)`."""
+        return self.count * self.capacity_share * self.template.throughput_tok_per_s
 
     @property
     def cost_usd_per_h(self) -> float:
@@ -64,12 +81,13 @@ class Instance:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeUse:
-    """Nodes of one configuration rented in one region, and how many were available."""
+    """Nodes of one configuration rented in one region (on-demand or spot), and how many were available."""
 
     region: str
     config: str
     count: int
     available: int | None  # None: unbounded
+    spot: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 0:
@@ -142,10 +160,11 @@ class Plan:
         return tuple((n.region, n.config) for n in self.nodes if n.binding)
 
     def counts(self) -> dict[tuple[str, str], int]:
-        """`ν_{r,τ}` keyed by (region, template key): what the next epoch passes as `prev`."""
+        """`ν_{r,τ}` keyed by (market, template key): what the next epoch passes as `prev` (the
+        market is the region, or `spot_region(region)` for spot instances)."""
         out: dict[tuple[str, str], int] = defaultdict(int)
         for i in self.instances:
-            out[(i.region, i.template.key)] += i.count
+            out[(i.market, i.template.key)] += i.count
         return dict(out)
 
     def model_modes(self) -> dict[str, str]:
@@ -162,11 +181,18 @@ class Plan:
         return dict(out)
 
     def nodes_by_region(self) -> dict[str, dict[str, int]]:
+        """Nodes per region and config, on-demand and spot together."""
         out: dict[str, dict[str, int]] = {}
         for n in self.nodes:
             if n.count:
-                out.setdefault(n.region, {})[n.config] = n.count
+                per = out.setdefault(n.region, {})
+                per[n.config] = per.get(n.config, 0) + n.count
         return out
+
+    @property
+    def spot_cost_usd_per_h(self) -> float:
+        """What the plan's spot instances cost."""
+        return sum(i.cost_usd_per_h for i in self.instances if i.spot)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (plain str / int / float / list / dict / None)."""
@@ -191,6 +217,8 @@ class Plan:
                     "region": i.region,
                     "nodes": list(i.template.nodes),
                     "count": i.count,
+                    "spot": i.spot,
+                    "capacity_share": i.capacity_share,
                     "throughput_tok_per_s": i.throughput_tok_per_s,
                     "price_usd_per_h": i.price_usd_per_h,
                     "micro_batch": i.template.placement.micro_batch,
@@ -211,8 +239,8 @@ class Plan:
                  "capacity_tok_per_s": d.capacity_tok_per_s}
                 for d in self.demand
             ],
-            "nodes": [{"region": n.region, "config": n.config, "count": n.count, "available": n.available}
-                      for n in self.nodes],
+            "nodes": [{"region": n.region, "config": n.config, "count": n.count, "available": n.available,
+                       "spot": n.spot} for n in self.nodes],
         }
 
     def _models_json(self) -> list[dict[str, Any]]:

@@ -30,6 +30,8 @@ def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = 
     summary.add_column("value", justify="right")
     summary.add_row("status", plan.status.value)
     summary.add_row("cost $/h", f"{plan.cost_usd_per_h:.2f}")
+    if any(i.spot for i in plan.instances):
+        summary.add_row("of it spot $/h", f"{plan.spot_cost_usd_per_h:.2f}")
     if plan.init_penalty_usd_per_h:
         summary.add_row("start-up penalty $/h", f"{plan.init_penalty_usd_per_h:.2f}")
     summary.add_row("alpha (served fraction)", f"{plan.alpha:.4f}" + (" (goodput mode)" if plan.goodput_mode else ""))
@@ -42,8 +44,9 @@ def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = 
     for col, just in (("region", "left"), ("config", "left"), ("nodes", "right"), ("available", "right"),
                       ("binding", "center")):
         nodes.add_column(col, justify=just)  # type: ignore[arg-type]
-    for n in sorted(plan.nodes, key=lambda n: (n.region, n.config)):
-        nodes.add_row(n.region, n.config + (" (derived)" if (n.region, n.config) in derived else ""), str(n.count), "∞" if n.available is None else str(n.available),
+    for n in sorted(plan.nodes, key=lambda n: (n.region, n.config, n.spot)):
+        config = n.config + (" (derived)" if (n.region, n.config) in derived else "") + (" spot" if n.spot else "")
+        nodes.add_row(n.region, config, str(n.count), "∞" if n.available is None else str(n.available),
                       "yes" if n.binding else "")
 
     inst = Table(title="Serving instances")
@@ -51,13 +54,16 @@ def plan_tables(plan: Plan, offered: Mapping[tuple[str, Phase], float] | None = 
                       ("stages (layers)", "left"), ("count", "right"), ("tok/s each", "right"),
                       ("$/h each", "right")):
         inst.add_column(col, justify=just)  # type: ignore[arg-type]
-    for i in sorted(plan.instances, key=lambda i: (i.model, i.phase.value, i.region, i.template.nodes)):
+    for i in sorted(plan.instances, key=lambda i: (i.model, i.phase.value, i.region, i.spot, i.template.nodes)):
         stages = " | ".join(f"{'+'.join(s.nodes)}:{s.layers}" for s in i.template.placement.stages)
         names = "+".join(c + ("*" if (i.region, c) in derived else "") for c in i.template.nodes)
         each = f"{i.throughput_tok_per_s:,.0f}"
         if i.phase is Phase.COLOCATED:  # prompt + generated tokens/s, and its chunk
             each = f"{each} + {i.template.decode_tok_per_s or 0:,.0f} (chunk {i.template.chunk_tokens})"
-        inst.add_row(i.model, i.phase.value, i.region, names, stages, str(i.count), each, f"{i.price_usd_per_h:.2f}")
+        if i.spot:  # what it counts for: its capacity times the chance that all its nodes survive
+            each = f"{each} x {i.capacity_share:.3f}"
+        inst.add_row(i.model, i.phase.value, i.region + (" spot" if i.spot else ""), names, stages, str(i.count), each,
+                     f"{i.price_usd_per_h:.2f}")
 
     dem = Table(title="Demand vs capacity")
     cols = ("model", "phase", *(("demand tok/s",) if offered is not None else ()), "capacity target tok/s",

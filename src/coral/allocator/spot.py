@@ -1,14 +1,12 @@
-"""The spot discount rule (issue 30, foundations): what a spot template's capacity counts for.
+"""Spot capacity in the plan (issue 30): the discount rule, and the spot markets of the ILP.
 
 A template of `n` spot nodes serves only while every one of its nodes is held: a pipeline
 replica dies with any one node. Its capacity therefore counts at
 
-    availability x P(all n nodes survive the exposure window)
+    P(all n nodes survive the exposure window)
 
 where
 
-- `availability` is the spot process's expected share of requested capacity that can be held
-  (`SpotProcess.availability`, fitted from the traces);
 - the exposure window is one epoch plus a replacement's start-up, `epoch_s + init_s`: a replica
   lost during an epoch is replaced at the next plan at the earliest, and the replacement serves
   only `init_s` after that;
@@ -23,20 +21,50 @@ where
   In this model a lost node's every other held node is lost with it with probability rho, which
   is how `tools/fit_spot.py` measures `co_loss_share` from the multi-node traces.
 
+The planner rents spot nodes it can have now (a pool lost to a preemption is "down" until the
+capacity comes back, and the plan then falls back to on-demand or another region), so what it
+counts is the capacity it holds *given that it holds it now*: the survival probability. The
+fitted `availability` (the long-run share of requested nodes held) is the outcome of the same
+preemption-and-recovery process, which the simulator replays; multiplying it in as well would
+count the losses twice and make the plan pay for nodes it never needs.
+
 The rule is conservative where it counts a replica that falls at any moment of the window as
 lost for all of it (the expected up-time of such a replica is higher), and optimistic where the
-fitted V100 process is the proxy for a GPU whose own spot market no public trace covers. What
-uses it, and what does not yet (the ILP, the simulator): docs/reference/allocator.md, "Spot
-capacity (issue 30, foundations)".
+fitted V100 process is the proxy for a GPU whose own spot market no public trace covers. The
+model and where it holds: docs/reference/allocator.md, "Spot capacity".
+
+Inside the ILP a region's spot offers are a market of their own, `spot_region(region)`, with
+the spot prices, the same node availability as the region's on-demand offers, and each column's
+capacity times the discount of its template's node count.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from coral.catalog.spot import SpotProcess
+from coral.errors import CoralError
+from coral.scenario import Scenario
 
 HOUR_S = 3600.0
+SPOT_SUFFIX = "#spot"  # `spot_region`: never part of a real region name (names are `cloud:region`)
+
+
+def spot_region(region: str) -> str:
+    """The key of `region`'s spot market inside the allocator (`prev` keys of spot instances too)."""
+    return region + SPOT_SUFFIX
+
+
+def is_spot_region(market: str) -> bool:
+    return market.endswith(SPOT_SUFFIX)
+
+
+def base_region(market: str) -> str:
+    """The region of a market key: `spot_region(r)` and `r` both give `r`."""
+    return market[: -len(SPOT_SUFFIX)] if is_spot_region(market) else market
 
 
 def effective_nodes(nodes: int, co_loss_share: float) -> float:
@@ -65,8 +93,9 @@ class SpotDiscount:
         nodes: the template's nodes (all spot, all needed).
         window_s: epoch_s + init_s, the time every node must be held.
         survival: P(all nodes survive the window).
-        availability: expected share of the requested spot capacity that can be held.
-        factor: availability x survival; the template's capacity counts at this share.
+        availability: the process's long-run share of requested spot capacity held (reported,
+            not multiplied in: the plan rents only pools it can have now; see the module).
+        factor: the share the template's capacity counts at (= survival).
     """
 
     nodes: int
@@ -86,7 +115,7 @@ def spot_discount(nodes: int, process: SpotProcess, epoch_s: float, init_s: floa
     window_s = epoch_s + init_s
     survival = survival_probability(nodes, process.preemption_per_node_h, process.co_loss_share, window_s)
     return SpotDiscount(nodes=nodes, window_s=window_s, survival=survival, availability=process.availability,
-                        factor=process.availability * survival)
+                        factor=survival)
 
 
 def discounted_capacity_tok_per_s(capacity_tok_per_s: float, nodes: int, process: SpotProcess,
@@ -95,3 +124,34 @@ def discounted_capacity_tok_per_s(capacity_tok_per_s: float, nodes: int, process
     if not (capacity_tok_per_s >= 0 and math.isfinite(capacity_tok_per_s)):
         raise ValueError(f"capacity_tok_per_s must be a finite number >= 0, got {capacity_tok_per_s}")
     return capacity_tok_per_s * spot_discount(nodes, process, epoch_s, init_s).factor
+
+
+def share_table(processes: Sequence[SpotProcess | None], max_nodes: int, epoch_s: float,
+                init_s: float) -> np.ndarray:
+    """The discount per market and node count: `out[r, n]` is what a template of `n` nodes counts
+    at in market `r` (`spot_discount(n, processes[r], ...).factor`; 1 for on-demand markets, whose
+    process is None, and for n = 0, which no template has)."""
+    out = np.ones((len(processes), max_nodes + 1))
+    for r, process in enumerate(processes):
+        if process is not None:
+            for n in range(1, max_nodes + 1):
+                out[r, n] = spot_discount(n, process, epoch_s, init_s).factor
+    out.setflags(write=False)
+    return out
+
+
+def add_spot_markets(scenario: Scenario, regions: tuple[str, ...], prices: dict[tuple[str, str], float]
+                     ) -> tuple[tuple[str, ...], dict[str, SpotProcess], dict[tuple[str, str], float]]:
+    """Add each spot offer's price to `prices` under its region's spot market; return the spot
+    markets (in region order), their processes, and the share caps below 1 by (market, model)."""
+    processes: dict[str, SpotProcess] = {}
+    for (r, c), offer in scenario.spot.items():
+        if r in regions:
+            if not (math.isfinite(offer.spot_usd_per_h) and offer.spot_usd_per_h >= 0):
+                raise CoralError(f"spot price [{r}, {c}] must be a finite number >= 0, got {offer.spot_usd_per_h}")
+            prices[(spot_region(r), c)] = offer.spot_usd_per_h
+            processes[spot_region(r)] = offer.process
+    markets = tuple(spot_region(r) for r in regions if spot_region(r) in processes)
+    caps = {(spot_region(r), m): float(v) for (r, m), v in scenario.spot_share_cap.items()
+            if spot_region(r) in processes and v < 1.0}
+    return markets, processes, caps

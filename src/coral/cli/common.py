@@ -54,17 +54,25 @@ avail_opt = click.option("--availability", type=click.Choice(["abundant", "tight
 scale_opt = click.option("--demand-scale", type=float, default=1.0, show_default=True, help="Multiply every model's rate.")
 jobs_opt = click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Processes for a library build.")
 cache_opt = click.option("--cache-dir", type=click.Path(file_okay=False), default=None, help="Template cache folder.")
+spot_opt = click.option("--spot", is_flag=True, help=(
+    "Offer spot instances in every region that sells them, beside the on-demand ones (a scenario can "
+    "also turn spot on per region: regions[].spot). The plan mixes them: each spot instance counts at "
+    "the chance that all its nodes survive an epoch and a replacement's start-up, under preemption "
+    "rates fitted from AWS spot traces (V100, the proxy for every GPU); docs/reference/allocator.md."))
 nmax_opt = click.option("--n-max", type=click.IntRange(1, 8), default=None,
                          help="Override the scenario's n_max (most nodes per template) for the library.")
 
 
 def prepare_with_progress(scenario_name: str, demand_scale: float, availability: str, jobs: int,
                            cache_dir: str | None, quiet: bool, n_max: int | None = None,
-                           overrides: Any = None) -> Any:
+                           overrides: Any = None, spot: bool = False) -> Any:
     # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.pipeline import prepare, scaled_scenario
+    from coral.scenario import with_spot
 
     scenario = scaled_scenario(scenario_name, demand_scale, overrides)
+    if spot:
+        scenario = with_spot(scenario)
     with progress_display(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("multisets"),
                           TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet,
                           transient=True) as bar:

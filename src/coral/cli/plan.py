@@ -25,6 +25,7 @@ from coral.cli.common import (
     scale_opt,
     scenario_opt,
     solve_progress,
+    spot_opt,
 )
 from coral.cli_support import EXIT_INFEASIBLE, check_output_path, err_console
 from coral.errors import CoralError
@@ -51,6 +52,7 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 @jobs_opt
 @cache_opt
 @nmax_opt
+@spot_opt
 @click.option("--time-limit-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True, help=(
     "Seconds the solve may take (replaying the traffic for the capacity targets before it is not counted). "
     "A plan that hits it is kept (exit 0) with one line on stderr giving its gap."))
@@ -84,7 +86,7 @@ def _mark_derived(data: dict[str, Any], scenario: Any) -> dict[str, Any]:
 def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, jobs: int, cache_dir: str | None,
              n_max: int | None, time_limit_s: float, gap: float, out: str | None, verify: bool, calibrate: bool,
              iterations: int, attainment_list: str | None, plot_path: str | None, engine: str, mode: str,
-             running_path: str | None, as_json: bool) -> None:
+             running_path: str | None, as_json: bool, spot: bool = False) -> None:
     """Which nodes to rent where, and how to split each model across them (DESIGN §4).
 
     Capacity per (model, phase) is sized so that the model's slo_attainment share of its requests
@@ -106,6 +108,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
                          "--running, not with --attainment (it plans with --mode auto)")
     options = SolveOptions(backend="highs", time_limit_s=time_limit_s, mip_gap=gap)
     if attainment_list is not None:
+        if spot:
+            raise CoralError("--spot goes with a plain plan, --verify or --calibrate, not with --attainment")
         return _attainment_sweep(scenario_name, attainment_list, method, demand_scale, availability, jobs, cache_dir,
                                  options, plot_path, out, as_json)
     if plot_path:
@@ -115,7 +119,8 @@ def plan_cmd(scenario_name: str, method: str, availability: str, demand_scale: f
     # vLLM's P/D proxy returns the first token from the decode instance: plan every model so
     # (its KV transfer in TTFT), as the vLLM export requires
     overrides = {"planner": {"first_token": "decode"}} if engine == "vllm" else None
-    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, overrides)
+    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, overrides,
+                                  spot=spot)
     setup, deploy = _plan_deploy_setup(setup, scenario_name, method, options, engine, running_path, mode)
     result, steps = _solve_checked(setup, method, options, deploy, mode=mode, calibrate=calibrate, verify=verify,
                                    iterations=iterations, as_json=as_json)

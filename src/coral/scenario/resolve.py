@@ -1,7 +1,9 @@
 """Turn a scenario file into domain values: model specs, configurations, prices, availability, perf model."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import math
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -338,6 +340,46 @@ def with_demand_scale(scenario: Scenario, factor: float) -> Scenario:
     for m in data["models"]:
         m["workload"]["rate_per_s"] *= factor
     return resolve(parse_scenario(data, f"{scenario.name} (demand x{factor:g})"), scenario.base_dir)
+
+
+def with_spot(scenario: Scenario, *, on: bool = True, rate_multiplier: float = 1.0,
+              share_cap: float | None = None) -> Scenario:
+    """`scenario` with spot on (or off) in every region that sells a configuration of it with a
+    spot price, and every spot process's preemption rate times `rate_multiplier` (the spot
+    experiment's x0.5 ... x4). Regions with spot already on keep their own rates and caps (then
+    multiplied); `share_cap` replaces every region's `spot_share_cap` where given.
+
+    Raises:
+        CoralError: a multiplier outside [0, inf) or a cap outside (0, 1]; spot asked for in a
+            scenario where no region has a spot price.
+    """
+    if not (rate_multiplier >= 0 and math.isfinite(rate_multiplier)):
+        raise CoralError(f"the spot rate multiplier must be a finite number >= 0, got {rate_multiplier}")
+    if share_cap is not None and not 0 < share_cap <= 1:
+        raise CoralError(f"the spot share cap must be in (0, 1], got {share_cap}")
+    if not on:
+        return dataclasses.replace(scenario, spot={}, spot_share_cap={})
+    data = scenario.source.model_dump()
+    changed = False
+    for entry in data["regions"]:
+        sells = any(scenario.catalog.spot_offer(r, c) is not None for (r, c) in scenario.prices
+                    if r == entry["name"] and (r, c) not in scenario.derived)
+        if sells and not entry.get("spot"):
+            entry["spot"] = changed = True
+        if sells and share_cap is not None:
+            entry["spot_share_cap"], changed = share_cap, True
+    if changed:
+        scenario = resolve(parse_scenario(data, f"{scenario.name} (spot on)"), scenario.base_dir)
+    if not scenario.spot:
+        raise CoralError(f"scenario {scenario.name}: no region has a spot price for any of its configurations; "
+                         "spot needs prices with a spot_price_per_hour column")
+    if rate_multiplier == 1.0:
+        return scenario
+    spot = {key: dataclasses.replace(offer, process=dataclasses.replace(
+                offer.process, preemption_per_node_h=offer.process.preemption_per_node_h * rate_multiplier,
+                source=f"{offer.process.source}; rate x{rate_multiplier:g}"))
+            for key, offer in scenario.spot.items()}
+    return dataclasses.replace(scenario, spot=spot)
 
 
 def load_scenario(name_or_path: str, overrides: Mapping[str, Any] | None = None) -> Scenario:

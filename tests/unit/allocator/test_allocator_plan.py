@@ -32,10 +32,10 @@ def test_to_json_shape():
     stage = inst["stages"][0]
     assert {"nodes": stage["nodes"], "layers": stage["layers"]} == {"nodes": inst["nodes"], "layers": 32}
     assert set(stage) == {"nodes", "layers", "node_index", "throughput_tok_per_s"}
-    assert doc["plan_version"] == 3  # what coral.runtime.deploy.plan_file reads
+    assert doc["plan_version"] == 4  # what coral.runtime.deploy.plan_file reads
     assert {(d["model"], d["phase"]) for d in doc["demand"]} == {(m, p) for m in ("m1", "m2")
                                                                   for p in ("prefill", "decode")}
-    assert all(set(n) == {"region", "config", "count", "available"} for n in doc["nodes"])
+    assert all(set(n) == {"region", "config", "count", "available", "spot"} for n in doc["nodes"])
     assert doc["cost_usd_per_h"] == pytest.approx(sum(i["count"] * i["price_usd_per_h"] for i in doc["instances"]))
 
 
