@@ -12,10 +12,11 @@ if TYPE_CHECKING:  # for the annotation only: the runtime's processes import the
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstanceSpec:
-    """One serving instance of a plan: a template placed in a region."""
+    """One serving instance of a plan: a template placed in a region, on spot or on-demand nodes."""
 
     template: Template
     region: str
+    spot: bool = False  # its nodes are spot nodes: paid at the spot price, preempted by the cloud
 
     def __post_init__(self) -> None:
         if not self.region:
@@ -23,7 +24,8 @@ class InstanceSpec:
 
     @property
     def key(self) -> str:
-        return f"{self.template.key}@{self.region}"
+        """`template@region`, with `#spot` after a spot instance's (unique beside the on-demand one)."""
+        return f"{self.template.key}@{self.region}#spot" if self.spot else f"{self.template.key}@{self.region}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,8 +23,9 @@ StepTraceFn = Callable[[tuple[Any, ...]], None]
 
 # Event kinds, which double as priorities at equal times: work completes before new work
 # arrives, and the epoch boundary sees the state after everything at its instant.
-# A host's background load, and the cores outside processes take from it, change last (host model only).
-FINISH, NODE_ARRIVE, KV_ARRIVE, READY, RETIRE, ARRIVAL, EPOCH, BACKGROUND, TAKEN = range(9)
+# A host's background load, and the cores outside processes take from it, change last (host model only);
+# a spot preemption's notice and its loss after them (spot instances only, `coral.sim.preempt`).
+FINISH, NODE_ARRIVE, KV_ARRIVE, READY, RETIRE, ARRIVAL, EPOCH, BACKGROUND, TAKEN, SPOT_NOTICE, SPOT_LOSS = range(11)
 
 # Decode steps are timed at the micro-batch's mean context rounded to this grid (tokens), so
 # that the performance model is asked once per (node, batch, context bucket), not once a step.
@@ -120,8 +121,8 @@ class Batch:
 class Instance:
     """One serving instance: its stages of nodes, its micro-batch lanes, its queue and lifecycle."""
 
-    __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "max_lanes", "midx", "phase", "queue", "ready_s",
-                 "seq_cap",
+    __slots__ = ("b", "held", "id", "idle_lanes", "lanes", "load", "lost_s", "max_lanes", "midx", "phase", "queue",
+                 "ready_s", "seq_cap",
                  "chunk_tokens", "region", "retire_s", "retiring", "spec", "token_budget", "stage_layers", "stage_weights", "stage_wrr", "stages", "start_s",
                  "state", "stop_s",
                  "weight")
@@ -143,6 +144,7 @@ class Instance:
         self.state = Lifecycle.STARTING
         self.retiring = False  # removed by a plan, serving until its replacements are ready
         self.retire_s = math.inf  # when those replacements are ready (set with `retiring`)
+        self.lost_s = math.inf  # spot: when its nodes leave, set at the cloud's notice
         self.token_budget = math.inf  # prefill: prompt tokens per micro-batch (set in start_instance)
         self.chunk_tokens = t.chunk_tokens or 0  # colocated: the most prompt tokens one step carries
         self.held = 0  # requests queued, running, or whose KV is on the way here

@@ -27,6 +27,7 @@ from coral.sim.cluster import (
 )
 from coral.sim.cpu import CpuShare
 from coral.sim.result import EpochRecord
+from coral.sim.spot import AWS_SPOT_NOTICE_S, SpotMarket, SpotNotice
 from coral.templates.planning import plan_inputs
 from coral.workload.trace import Trace
 
@@ -38,7 +39,8 @@ class SimCore:
 
     def __init__(self, scenario: object, traces: Mapping[str, Trace], *, duration_s: float, epoch_s: float,
                  init_s: float, seed: int, replan: ReplanFn, progress: ProgressFn | None,
-                 options: SimOptions) -> None:
+                 options: SimOptions, spot: SpotMarket | None = None,
+                 spot_notice_s: float = AWS_SPOT_NOTICE_S) -> None:
         # the options, copied into attributes the hot paths read without a second lookup
         self.prefill_batching = options.prefill_batching
         self.lanes = options.lanes
@@ -56,6 +58,14 @@ class SimCore:
             raise CoralError(f"epoch_s must be > 0, got {epoch_s}")
         if not init_s >= 0:
             raise CoralError(f"init_s must be >= 0, got {init_s}")
+        if not (spot_notice_s >= 0 and math.isfinite(spot_notice_s)):
+            raise CoralError(f"spot_notice_s must be a finite number >= 0, got {spot_notice_s}")
+        if spot is not None and options.hosts is not None:
+            raise CoralError("spot preemptions and a host model cannot be simulated together; drop one of them")
+        self.spot = spot
+        self.notice_s = float(spot_notice_s)
+        if spot is not None:
+            spot.begin(seed)
         self.sc = scenario
         self.perf = scenario.perf  # type: ignore[attr-defined]
         self.duration_s = float(duration_s)
@@ -86,6 +96,17 @@ class SimCore:
         self.pending_prefill: list[deque[int]] = [deque() for _ in self.models]
         self.pending_decode: list[deque[tuple[int, tuple[Node, ...]]]] = [deque() for _ in self.models]
         self.epochs: list[EpochRecord] = []
+        # What the last epoch boundary's `replan` saw: an unscheduled re-plan at a spot notice reuses it.
+        self._last_demand: dict[tuple[str, Phase], float] = {}
+        self._last_window: dict[str, Trace] = {}
+        # Spot preemptions (`coral.sim.preempt`): each region's draw version (a redraw makes the
+        # events in the queue stale), the notices, the re-queued requests (id -> the first token
+        # the client got before its instance was lost), re-queue events, refused spot starts.
+        self.spot_version: dict[str, int] = {}
+        self.spot_notices: list[SpotNotice] = []
+        self.first_seen: dict[int, float] = {}
+        self.requeued: dict[int, int] = {}
+        self.spot_refused = 0
         self.n_arrived = 0
         self.n_done = 0
         self.n_failed = 0
@@ -140,8 +161,12 @@ class SimCore:
         m = spec.template.model
         if m not in self.midx:
             raise CoralError(f"instance of unknown model {m!r}")
+        if spec.spot and self.spot is None:
+            raise CoralError(f"spot instance {spec.key} needs a spot market: simulate(..., spot=SpotMarket(scenario.spot))")
         for name in spec.template.nodes:
-            if (spec.region, name) not in self.sc.prices:  # type: ignore[attr-defined]
+            if spec.spot:
+                self.spot.price_usd_per_h(spec.region, name)  # type: ignore[union-attr]  # raises without an offer
+            elif (spec.region, name) not in self.sc.prices:  # type: ignore[attr-defined]
                 raise CoralError(f"no price for {name} in region {spec.region!r}")
         inst = Instance(len(self.instances), spec, self.midx[m], now, ready_s, self.config, self.lanes)
         if self.hosts is not None:
@@ -167,6 +192,8 @@ class SimCore:
                 inst.stage_wrr[s] = SmoothWRR(inst.stage_weights[s])
         self.instances.append(inst)
         self.push(ready_s, READY, inst)
+        if spec.spot:
+            self._spot_held_changed(now, spec.region)
         return inst
 
     def _nominal_time_s(self, inst: Instance, s: int, node: Node, prompt: float, served: Any) -> float:
@@ -218,11 +245,21 @@ class SimCore:
         self.active[m][0] = act
         self.prefill_wrr[m] = SmoothWRR([i.weight for i in act]) if act else None
 
+    def _spot_held_changed(self, t: float, region: str) -> None:
+        """The spot nodes `region` holds changed (`coral.sim.preempt` redraws its events)."""
+        raise NotImplementedError
+
+    def _stopped(self, t: float, inst: Instance) -> None:
+        """`inst` just stopped: paid until `t`; a spot instance not yet noticed gives its nodes back."""
+        inst.stop_s = t
+        if inst.spec.spot and inst.lost_s == math.inf:
+            self._spot_held_changed(t, inst.region)
+
     def _release(self, t: float, inst: Instance, n: int) -> None:
         inst.held -= n
         if inst.state is Lifecycle.DRAINING and inst.held == 0:
             inst.state = next_state(inst.state, LifecycleEvent.IDLE, in_flight=0)
-            inst.stop_s = t
+            self._stopped(t, inst)
             if inst.phase is Phase.PREFILL:
                 self._retire_deferred(t, inst.midx)
 
@@ -230,7 +267,7 @@ class SimCore:
         was_active = inst.state is Lifecycle.ACTIVE
         inst.state = next_state(inst.state, LifecycleEvent.REMOVE, in_flight=inst.held)
         if inst.state is Lifecycle.STOPPED:
-            inst.stop_s = t
+            self._stopped(t, inst)
         if was_active:
             self._set_active(inst.midx, inst.phase)
         if inst.phase is Phase.PREFILL and inst.state is Lifecycle.STOPPED:

@@ -10,6 +10,7 @@ import heapq
 import time
 from collections.abc import Mapping, Sequence
 
+from coral.policy.lifecycle import Lifecycle
 from coral.policy.routing import InstanceSpec
 from coral.sim.cluster import (
     ARRIVAL,
@@ -21,6 +22,8 @@ from coral.sim.cluster import (
     NODE_ARRIVE,
     READY,
     RETIRE,
+    SPOT_LOSS,
+    SPOT_NOTICE,
     TAKEN,
     LanesFn,
     ProgressFn,
@@ -30,15 +33,16 @@ from coral.sim.cluster import (
 )
 from coral.sim.flow import RequestFlow
 from coral.sim.hosts import Hosts
-from coral.sim.replan import Replanning
+from coral.sim.preempt import Preemptions
 from coral.sim.result import RunRecord, SimResult, build_result
+from coral.sim.spot import AWS_SPOT_NOTICE_S, SpotMarket, SpotRecord
 from coral.workload.trace import Trace
 
 __all__ = ["CTX_GRID_TOK", "LanesFn", "ProgressFn", "ReplanFn", "SimOptions", "StepTraceFn", "simulate"]
 
 
-class _Sim(RequestFlow, Replanning):
-    """One run: the event loop over the request flow and the epochs."""
+class _Sim(RequestFlow, Preemptions):
+    """One run: the event loop over the request flow, the epochs and the spot preemptions."""
 
     def run(self) -> SimResult:
         wall0 = time.perf_counter()
@@ -54,6 +58,8 @@ class _Sim(RequestFlow, Replanning):
         end = self.duration_s
         finish = self._finish if self.hosts is None else self._host_finish
         node_arrive, kv_arrive = self._node_arrive, self._kv_arrive
+        if self.spot is not None:  # events of lost instances are dropped (a run without spot skips the check)
+            finish, node_arrive, kv_arrive = self._finish_live, self._node_arrive_live, self._kv_arrive_live
         events = 0
         while q:
             t, kind, _, a, b = q[0]
@@ -79,6 +85,10 @@ class _Sim(RequestFlow, Replanning):
             elif kind == TAKEN:
                 a.taken = b
                 self.cpu.rerate(t, a)
+            elif kind == SPOT_NOTICE:
+                self._spot_notice(t, a, b)
+            elif kind == SPOT_LOSS:
+                self._spot_loss(t, a)
             else:
                 self._epoch(t)
         self.events = events
@@ -86,6 +96,7 @@ class _Sim(RequestFlow, Replanning):
         return build_result(self._record(), wall_s=time.perf_counter() - wall0)
 
     def _record(self) -> RunRecord:
+        spot = self._spot_record()  # first: it restores re-queued requests' first tokens
         sc = self.sc
         models = sc.models  # type: ignore[attr-defined]
         return RunRecord(
@@ -97,14 +108,26 @@ class _Sim(RequestFlow, Replanning):
             status=self.r_status, reason=self.r_reason, prefill_instance=self.r_pinst, decode_instance=self.r_dinst,
             prefill_start_s=self.r_pstart, first_token_s=self.r_first, kv_arrival_s=self.r_kv,
             decode_start_s=self.r_dstart, done_s=self.r_done, epochs=self.epochs,
-            instances=self.instance_records(), events=self.events)
+            instances=self.instance_records(), events=self.events, spot=spot)
+
+    def _spot_record(self) -> SpotRecord | None:
+        if self.spot is None:
+            return None
+        for rid, first in self.first_seen.items():  # the first token the client got, before a re-queue
+            if not first >= self.r_first[rid]:  # also where it has none since (NaN)
+                self.r_first[rid] = first
+        lost = tuple(i.id for i in self.instances if i.state is Lifecycle.FAILED)
+        return SpotRecord(notice_s=self.notice_s, notices=tuple(self.spot_notices), lost=lost,
+                          requeued=sum(self.requeued.values()), requeued_requests=len(self.requeued),
+                          refused=self.spot_refused, down=tuple(self.spot.down_spells))
 
 
 def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[InstanceSpec], replan: ReplanFn, *,
              duration_s: float, epoch_s: float, init_s: float, seed: int = 0,
              progress: ProgressFn | None = None, prefill_batching: str = "tokens", lanes: LanesFn | None = None,
              spread: bool = False, hosts: Hosts | None = None, router: str = "least-work",
-             decode_at_arrival: bool = False, step_trace: StepTraceFn | None = None) -> SimResult:
+             decode_at_arrival: bool = False, step_trace: StepTraceFn | None = None,
+             spot: SpotMarket | None = None, spot_notice_s: float = AWS_SPOT_NOTICE_S) -> SimResult:
     """Simulate serving `traces` on a cluster that starts as `initial` and is re-planned each epoch.
 
     Args:
@@ -119,8 +142,8 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
         duration_s: simulated time; work still running then is reported in flight.
         epoch_s: the re-planning period.
         init_s: start-up time of a new instance (paid, not serving).
-        seed: recorded in the summary; the run itself is deterministic given its inputs (the
-            traces carry the randomness).
+        seed: recorded in the summary; seeds the spot preemption draws; the run is deterministic
+            given its inputs (the traces carry the rest of the randomness).
         progress: called with (now_s, duration_s) after every epoch boundary.
         prefill_batching: "tokens" (default): a prefill micro-batch takes queued prompts up to the
             template's token budget `b·P̄` (at least one prompt), as engines' max-batched-tokens
@@ -146,19 +169,25 @@ def simulate(scenario: object, traces: Mapping[str, Trace], initial: Sequence[In
             context): to compare with the runtime's per-step trace.
         hosts: None (default): every node is its own server. A `Hosts`: nodes share their host's
             cores, a busy node running at speed `min(1, (cores - taken) / (busy nodes on the host + background))`.
+        spot: None (default): no spot instance may be in a plan. A `SpotMarket`: spot instances
+            (`InstanceSpec.spot`) are paid its spot prices and preempted by its processes
+            (`coral.sim.preempt`); the run reseeds it from `seed`, and `replan` is also called at
+            every preemption notice (the last epoch's demand and window, the running instances
+            without the noticed ones; `spot.notice_at` is then the notice's time).
+        spot_notice_s: the cloud's notice before a preempted spot node leaves (AWS: 120 s).
 
     Returns:
         The run's `SimResult`.
 
     Raises:
         CoralError: bad durations, an unknown router, a trace or instance for a model the scenario lacks, or an
-            instance in a region without a price for one of its nodes, a `lanes` below 1, a node
-            placed on an unknown host.
+            instance in a region without a price (spot: a spot offer) for one of its nodes, a spot
+            instance without `spot`, `spot` with `hosts`, a `lanes` below 1, a node placed on an unknown host.
     """
     options = SimOptions(prefill_batching=prefill_batching, lanes=lanes, spread=spread, hosts=hosts, router=router,
                          decode_at_arrival=decode_at_arrival, step_trace=step_trace)
     sim = _Sim(scenario, traces, duration_s=duration_s, epoch_s=epoch_s, init_s=init_s, seed=seed,
-               replan=replan, progress=progress, options=options)
+               replan=replan, progress=progress, options=options, spot=spot, spot_notice_s=spot_notice_s)
     for spec in initial:
         sim.start_instance(spec, 0.0, 0.0)
     return sim.run()

@@ -250,7 +250,8 @@ class RequestFlow(ColocatedSteps):
         pre = self.r_dinst[rid]
         if pre >= 0:  # assigned at arrival (`decode_at_arrival`)
             dst = self.instances[pre]
-            if dst.state is Lifecycle.ACTIVE or dst.state is Lifecycle.DRAINING:
+            # not to one whose spot nodes got their notice: it takes no new work
+            if (dst.state is Lifecycle.ACTIVE or dst.state is Lifecycle.DRAINING) and dst.lost_s == math.inf:
                 self._send_kv(t, rid, path, dst)
                 return
             self.r_dinst[rid] = -1

@@ -30,6 +30,10 @@ class Replanning(SimCore):
         return [i.spec for i in self.instances
                 if i.state in (Lifecycle.ACTIVE, Lifecycle.STARTING) and not i.retiring]
 
+    def _spot_refused(self, t: float, spec: InstanceSpec) -> bool:
+        """A plan asked for spot instance `spec` while one of its pools is down (`coral.sim.preempt`)."""
+        raise NotImplementedError
+
     def _epoch(self, t: float) -> None:
         self._record_epoch(t)
         lo = t - self.epoch_s
@@ -56,6 +60,7 @@ class Replanning(SimCore):
                                  prompt_tokens=np.array([self.r_prompt[k] for k in ids], dtype=np.int64),
                                  output_tokens=np.array([self.r_out[k] for k in ids], dtype=np.int64),
                                  window_s=self.epoch_s)
+        self._last_demand, self._last_window = demand, window
         plan = list(self.replan(t, demand, self.running_specs(), window))
         self.apply_plan(t, plan)
         if self.progress is not None:
@@ -80,6 +85,8 @@ class Replanning(SimCore):
         for spec in plan:  # plan order, so new instance ids are deterministic
             if want.get(spec, 0) > 0:
                 want[spec] -= 1
+                if spec.spot and self._spot_refused(t, spec):
+                    continue
                 inst = self.start_instance(spec, t, t + self.init_s)
                 starting.add((inst.midx, inst.phase))
         # Make before break: an instance being replaced keeps taking traffic until the new
@@ -104,7 +111,7 @@ class Replanning(SimCore):
     def _instance_counts(self) -> list[tuple[str, str, int]]:
         counts: dict[tuple[str, str], int] = {}
         for i in self.instances:
-            if i.state is not Lifecycle.STOPPED:
+            if i.state is not Lifecycle.STOPPED and i.state is not Lifecycle.FAILED:  # FAILED: lost spot nodes
                 k = (i.spec.key, i.state.value)
                 counts[k] = counts.get(k, 0) + 1
         return [(k, s, n) for (k, s), n in sorted(counts.items())]
@@ -132,11 +139,16 @@ class Replanning(SimCore):
         prices = self.sc.prices  # type: ignore[attr-defined]
         out = []
         for i in self.instances:
-            price_h = sum(prices[(i.region, n)] for n in i.spec.template.nodes)
+            nodes = i.spec.template.nodes
+            if i.spec.spot and self.spot is not None:  # the spot price (`start_instance` checked there is one)
+                price_h = sum(self.spot.price_usd_per_h(i.region, n) for n in nodes)
+            else:
+                price_h = sum(prices[(i.region, n)] for n in nodes)
             out.append(InstanceRecord(
                 id=i.id, key=i.spec.key, model=self.models[i.midx], phase=i.phase.value, region=i.region,
                 start_s=i.start_s, ready_s=min(i.ready_s, self.duration_s), stop_s=i.stop_s,
                 nodes=sum(len(s) for s in i.stages), price_usd_per_h=price_h,
-                busy_node_s=sum(n.busy_s for s in i.stages for n in s), state=i.state.value))
+                busy_node_s=sum(n.busy_s for s in i.stages for n in s), state=i.state.value,
+                spot=i.spec.spot, rented_nodes=len(nodes)))
         return out
 

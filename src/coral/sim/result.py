@@ -13,6 +13,7 @@ import numpy as np
 
 from coral.atomic import building_dir
 from coral.perf.model import Phase
+from coral.sim.spot import PREEMPTION_REASON, SpotRecord
 from coral.slo import attained, phase_attainment, request_attainment, request_tpot_s
 
 STATUS_NAMES = ("in_flight", "in_flight", "in_flight", "finished", "failed")  # by engine status code
@@ -51,6 +52,8 @@ class InstanceRecord:
     price_usd_per_h: float  # all its nodes together
     busy_node_s: float
     state: str  # at the end of the run
+    spot: bool = False  # on spot nodes (`price_usd_per_h` is then the spot price)
+    rented_nodes: int = 0  # the template's nodes (`nodes` counts engines: a node may hold several TP groups)
 
     def cost_usd(self, lo: float = 0.0, hi: float = math.inf) -> float:
         """What it cost within `[lo, hi)` (paid from start, while starting and draining too)."""
@@ -100,6 +103,7 @@ class SimResult:
     instances: tuple[InstanceRecord, ...]
     events: int
     wall_s: float
+    spot: SpotRecord | None = None  # what the spot market did; None: the run had no spot market
 
     # -- per-request figures ---------------------------------------------------------------------
     @property
@@ -157,7 +161,13 @@ class SimResult:
             Top level: `requests` (arrived / finished / failed / in_flight), `cost_usd_per_h`,
             `goodput_tok_per_s`, `slo_attainment` (met / (finished + failed), per model and per
             phase too: `coral.slo.request_attainment` / `phase_attainment`),
-            `slo_attainment_arrived` (met / arrived), `per_model`, `per_epoch`, `events`.
+            `slo_attainment_arrived` (met / arrived), `per_model`, `per_epoch`, `events`, and,
+            for a run with a spot market, `spot`: notices (zone-wide and single-node events),
+            instances noticed and lost (still holding work when their nodes left), nodes lost,
+            requests re-queued and failed by preemption, spot starts refused while a pool was
+            down, spot and on-demand node-hours and $, each model's attainment per epoch (of
+            the requests that arrived in it, met / resolved) and its worst, every event and
+            every spell a spot pool was down.
         """
         met = self.slo_met
         done = self.status == _DONE
@@ -182,7 +192,51 @@ class SimResult:
             out["events_per_s"] = self.events / self.wall_s if self.wall_s > 0 else None
         out["per_model"] = {name: self._model_summary(m, met) for m, name in enumerate(self.models)}
         out["per_epoch"] = self._epoch_summary(met)
+        if self.spot is not None:
+            out["spot"] = self._spot_summary(self.spot, met)
         return out
+
+    def _spot_summary(self, sp: SpotRecord, met: np.ndarray) -> dict[str, Any]:
+        """The spot block: preemptions, what they took, the bill split, attainment per epoch."""
+        node_h = {"spot": 0.0, "on_demand": 0.0}
+        cost = {"spot": 0.0, "on_demand": 0.0}
+        for i in self.instances:
+            k = "spot" if i.spot else "on_demand"
+            node_h[k] += i.rented_nodes * max(0.0, i.stop_s - i.start_s) / 3600.0
+            cost[k] += i.cost_usd()
+        lost = set(sp.lost)
+        done, failed = self.status == _DONE, self.status == _FAILED
+        epochs: list[dict[str, Any]] = []
+        worst: dict[str, float] = {}
+        lo = 0.0
+        for e in self.epochs:  # by arrival: the requests that came in the epoch, met / resolved
+            sel = (self.arrival_s >= lo) & (self.arrival_s < e.t_s)
+            by_model: dict[str, float | None] = {}
+            for m, name in enumerate(self.models):
+                s = sel & (self.model == m)
+                a = request_attainment(met[s], done[s], failed[s])
+                by_model[name] = a
+                if a is not None:
+                    worst[name] = min(worst.get(name, a), a)
+            epochs.append({"t_start_s": lo, "t_end_s": e.t_s, "slo_attainment_by_model": by_model})
+            lo = e.t_s
+        return {
+            "notice_s": sp.notice_s, "notices": len(sp.notices),
+            "zone_events": sum(1 for n in sp.notices if n.kind == "zone"),
+            "node_events": sum(1 for n in sp.notices if n.kind == "node"),
+            "instances_noticed": sum(len(n.instances) for n in sp.notices),
+            "instances_lost": len(lost),
+            "nodes_lost": sum(i.rented_nodes for i in self.instances if i.id in lost),
+            "requests_requeued": sp.requeued_requests, "requeues": sp.requeued,
+            "requests_failed": sum(1 for i in np.flatnonzero(failed) if self.reason[i] == PREEMPTION_REASON),
+            "spot_starts_refused": sp.refused,
+            "node_hours": node_h, "cost_usd": cost,
+            "worst_epoch_attainment": {name: worst.get(name) for name in self.models},
+            "per_epoch": epochs,
+            "events": [{"t_s": n.t_s, "loss_s": n.loss_s, "region": n.region, "kind": n.kind,
+                        "instances": list(n.instances), "nodes": n.nodes} for n in sp.notices],
+            "pools_down": [{"region": r, "config": c, "from_s": a, "until_s": b} for r, c, a, b in sp.down],
+        }
 
     def _phase_summary(self, name: str, phase: str, hours: float) -> dict[str, Any]:
         recs = [i for i in self.instances if i.model == name and i.phase == phase]
@@ -340,6 +394,7 @@ class RunRecord:
     epochs: Sequence[EpochRecord]
     instances: Sequence[InstanceRecord]
     events: int
+    spot: SpotRecord | None = None
 
 
 def build_result(run: RunRecord, *, wall_s: float) -> SimResult:
@@ -357,4 +412,4 @@ def build_result(run: RunRecord, *, wall_s: float) -> SimResult:
         prefill_start_s=np.asarray(run.prefill_start_s), first_token_s=np.asarray(run.first_token_s),
         kv_arrival_s=np.asarray(run.kv_arrival_s), decode_start_s=np.asarray(run.decode_start_s),
         done_s=np.asarray(run.done_s), epochs=tuple(run.epochs), instances=tuple(run.instances),
-        events=run.events, wall_s=wall_s)
+        events=run.events, wall_s=wall_s, spot=run.spot)
