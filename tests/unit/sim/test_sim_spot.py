@@ -19,11 +19,14 @@ from coral.sim.spot import region_seed
 EAST, ASIA = "aws:us-east-2", "aws:ap-northeast-2"
 
 
-def _scenario(rate_per_h: float, co_loss: float):  # noqa: ANN202
-    """core with spot on in both regions at the given process, every layer 1 ms."""
+def _scenario(rate_per_h: float, co_loss: float, recovery_s: float | None = None):  # noqa: ANN202
+    """core with spot on in both regions at the given process (and mean recovery), every layer 1 ms."""
     regions = [{"name": r, "spot": True, "spot_preemption_per_h": rate_per_h, "spot_co_loss_share": co_loss}
                for r in (EAST, ASIA)]
     sc = load_scenario("core", {"regions": regions})
+    if recovery_s is not None:
+        sc = dataclasses.replace(sc, spot={k: dataclasses.replace(o, process=dataclasses.replace(
+            o.process, recovery_s=recovery_s)) for k, o in sc.spot.items()})
     return dataclasses.replace(sc, perf=ConstPerf(0.001))
 
 
@@ -157,9 +160,7 @@ def test_a_spot_start_is_refused_while_its_pool_is_down_and_requests_fail_cleanl
     # spot instance again while its pool is down (recovery mean 7 200 s): refused, so the
     # requests it held fail with the preemption's reason, and none is lost.
     seed = 5
-    sc = _scenario(360.0, 1.0)
-    sc = dataclasses.replace(sc, spot={k: dataclasses.replace(o, process=dataclasses.replace(o.process, recovery_s=7200.0))
-                                       for k, o in sc.spot.items()})
+    sc = _scenario(360.0, 1.0, recovery_s=7200.0)
     model = sc.models[0].name
     t = const_template(model, Phase.COLOCATED, batch=8, chunk_tokens=256)
     spec = InstanceSpec(template=t, region=EAST, spot=True)
@@ -236,3 +237,36 @@ def test_a_spot_instance_needs_a_spot_offer() -> None:
     spec = InstanceSpec(template=const_template(model, Phase.COLOCATED, chunk_tokens=64), region=EAST, spot=True)
     with pytest.raises(CoralError, match=r"no spot offer for 1xL40S in region 'aws:us-east-2'"):
         simulate(sc, {}, [spec], lambda *a: a[2], duration_s=10.0, epoch_s=5.0, init_s=0.0, spot=market)
+
+
+@pytest.mark.parametrize("layout", ["disaggregated", "decode-at-arrival", "colocated"])
+def test_many_preemptions_lose_no_request(layout) -> None:  # noqa: ANN001
+    # A preemption every ~10 s per node over spot prefill, decode and colocated instances, with a
+    # 5 s notice (decodes last up to 15 s: many are cut), replaced on-demand at the notice and on
+    # spot again at the next boundary: every request is accounted for at every epoch, and none
+    # finished on an instance after its nodes left.
+    sc = _scenario(360.0, 0.5, recovery_s=5.0)
+    model = sc.models[0].name
+    if layout == "colocated":
+        ts = [const_template(model, Phase.COLOCATED, batch=8, chunk_tokens=128)]
+    else:
+        ts = [const_template(model, Phase.PREFILL, batch=2), const_template(model, Phase.DECODE, batch=8, stages=2)]
+    spot = [InstanceSpec(template=t, region=r, spot=True) for t in ts for r in (EAST, ASIA)]
+    od = [InstanceSpec(template=t, region=EAST) for t in ts]
+    market = SpotMarket(sc.spot)
+
+    def replan(now, demand, running, window):  # noqa: ANN001, ANN202
+        return list(running) + (od if market.notice_at == now else [x for x in spot if x not in running])
+
+    trace = poisson_trace(model, 10.0, 60.0, 2, output=(1, 1500))
+    r = simulate(sc, {model: trace}, spot + od, replan, duration_s=300.0, epoch_s=20.0, init_s=5.0, seed=2,
+                 spot=market, spot_notice_s=5.0, decode_at_arrival=layout == "decode-at-arrival")
+    s = r.summary(timing=False)
+    assert r.spot is not None and len(r.spot.notices) >= 10 and r.spot.requeued > 0
+    assert all(e["conserved"] for e in s["per_epoch"])
+    assert {"arrived": trace.num_requests, "in_flight": 0} == {k: s["requests"][k] for k in ("arrived", "in_flight")}
+    assert set(s["per_model"][model]["failed_reasons"]) <= {PREEMPTION_REASON}
+    stop = np.array([i.stop_s for i in r.instances])
+    fin = r.finished
+    assert np.all(r.done_s[fin] <= stop[r.decode_instance[fin]])
+    assert np.all(r.first_token_s[fin] <= r.done_s[fin])
