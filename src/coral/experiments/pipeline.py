@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from coral.perf.model import Phase
 from coral.policy import InstanceSpec
 from coral.policy.demand import epoch_demand, epoch_forecaster
 from coral.scenario import Scenario, load_scenario, with_demand_scale
-from coral.sim import SimResult, simulate
+from coral.sim import SimResult, SpotMarket, simulate
 from coral.solver import SolveOptions
 from coral.templates.library import build_library
 from coral.templates.template import TemplateLibrary
@@ -66,15 +66,29 @@ def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1
 
 
 def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase | str], float] | None = None,
-         prev: Any = None, options: SolveOptions | None = None, mode: str = "auto") -> Plan:
-    """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`)."""
+         prev: Any = None, options: SolveOptions | None = None, mode: str = "auto",
+         spot_down: Collection[tuple[str, str]] = ()) -> Plan:
+    """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`),
+    renting no spot node of the (region, configuration) pools in `spot_down`."""
+    extra = {"spot_down": spot_down} if spot_down else {}
     return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
-                    prev=prev, options=options, mode=mode)
+                    prev=prev, options=options, mode=mode, **extra)  # type: ignore[arg-type]  # until allocate takes spot_down
 
 
 def plan_specs(p: Plan) -> list[InstanceSpec]:
-    """A plan's instances, one InstanceSpec per running instance."""
-    return [InstanceSpec(template=i.template, region=i.region) for i in p.instances for _ in range(i.count)]
+    """A plan's instances, one InstanceSpec per running instance (spot ones marked)."""
+    return [InstanceSpec(template=i.template, region=i.region, spot=getattr(i, "spot", False))
+            for i in p.instances for _ in range(i.count)]
+
+
+def _spot_region(region: str) -> str:
+    return f"{region}#spot"
+
+
+def prev_counts(running: list[InstanceSpec]) -> dict[tuple[str, str], int]:
+    """The running instances as the allocator's `prev`: (region, template key) -> count, a spot
+    instance under its region's spot market (`coral.allocator.spot.spot_region`)."""
+    return dict(Counter((_spot_region(s.region) if s.spot else s.region, s.template.key) for s in running))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,26 +96,42 @@ class SimRun:
     result: SimResult
     plans: tuple[Plan, ...]  # the initial plan and one per epoch boundary
     demands: tuple[dict[tuple[str, Phase | str], float], ...] = ()  # what each re-plan was solved on (one per boundary)
+    notice_plans: tuple[Plan, ...] = ()  # the unscheduled re-plans at spot preemption notices, in time order
 
 
 @dataclass(slots=True)
 class EpochReplanner:
     """The simulator's re-planner: every epoch, the demand of `coral.policy.demand.epoch_demand` on the
-    requests that arrived in it (the live planner's too), solved with the running plan as `prev`."""
+    requests that arrived in it (the live planner's too), solved with the running plan as `prev`.
+
+    With a spot market, it plans around the spot pools that are down now (`spot_down`), and the
+    simulator also calls it at every preemption notice (`market.notice_at` set): that re-plan
+    solves the last plan's demand again (the scenario's nominal one before the first boundary)
+    for the running instances without the noticed ones, so the lost capacity is replaced at
+    once; it goes to `notice_plans`, not `plans` (one per boundary)."""
 
     setup: Setup
     method: str
     options: SolveOptions | None
     forecast: Forecaster
+    market: SpotMarket | None = None
     plans: list[Plan] = field(default_factory=list)
     demands: list[dict[tuple[str, Phase | str], float]] = field(default_factory=list)
+    notice_plans: list[Plan] = field(default_factory=list)
 
     def __call__(self, now_s: float, observed: Mapping[tuple[str, Any], float], running: list[InstanceSpec],
                  window: Mapping[str, Trace]) -> list[InstanceSpec]:
+        down = self.market.down_at(now_s) if self.market is not None else frozenset()
+        if self.market is not None and self.market.notice_at is not None:
+            last = self.demands[-1] if self.demands else None
+            new = plan(self.setup, self.method, demand=last, prev=prev_counts(running), options=self.options,
+                       spot_down=down)
+            self.notice_plans.append(new)
+            return plan_specs(new)
         demand: dict[tuple[str, Phase | str], float] = {
             g: v for g, v in epoch_demand(self.setup.scenario, window, self.forecast, self.setup.library).items()}
-        prev = dict(Counter((s.region, s.template.key) for s in running))
-        new = plan(self.setup, self.method, demand=demand, prev=prev, options=self.options)
+        new = plan(self.setup, self.method, demand=demand, prev=prev_counts(running), options=self.options,
+                   spot_down=down)
         self.demands.append(demand)
         self.plans.append(new)
         return plan_specs(new)
@@ -122,8 +152,13 @@ def run_simulation(setup: Setup, method: str = "coral", *, duration_s: float = 1
         raise CoralError("--duration-s and --epoch-s must be > 0")
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=duration_s, seed=seed,
                             data_dir=data_dir, base_dir=scenario.base_dir)
-    replan = EpochReplanner(setup=setup, method=method, options=options, forecast=epoch_forecaster(scenario))
+    # Spot on somewhere: one market for the simulator (preemptions, spot prices) and the re-planner (pools down)
+    market = SpotMarket(scenario.spot) if scenario.spot else None
+    replan = EpochReplanner(setup=setup, method=method, options=options, forecast=epoch_forecaster(scenario),
+                            market=market)
     replan.plans.append(plan(setup, method, options=options))
     result = simulate(scenario, traces, plan_specs(replan.plans[0]), replan, duration_s=duration_s, epoch_s=epoch,
-                      init_s=scenario.planner.init_s, seed=seed, progress=progress, router=scenario.planner.router)
-    return SimRun(result=result, plans=tuple(replan.plans), demands=tuple(replan.demands))
+                      init_s=scenario.planner.init_s, seed=seed, progress=progress, router=scenario.planner.router,
+                      spot=market)
+    return SimRun(result=result, plans=tuple(replan.plans), demands=tuple(replan.demands),
+                  notice_plans=tuple(replan.notice_plans))

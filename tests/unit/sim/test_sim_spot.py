@@ -270,3 +270,35 @@ def test_many_preemptions_lose_no_request(layout) -> None:  # noqa: ANN001
     fin = r.finished
     assert np.all(r.done_s[fin] <= stop[r.decode_instance[fin]])
     assert np.all(r.first_token_s[fin] <= r.done_s[fin])
+
+
+def test_the_epoch_replanner_plans_around_down_pools_and_keys_spot_instances_apart(monkeypatch) -> None:  # noqa: ANN001
+    from coral.experiments import pipeline
+
+    sc = _scenario(1.0, 0.5)
+    model = sc.models[0].name
+    t = const_template(model, Phase.COLOCATED, chunk_tokens=64)
+    calls = []
+
+    class Planned:
+        instances = ()
+
+    def fake_allocate(scenario, library, **kw):  # noqa: ANN001, ANN202
+        calls.append(kw)
+        return Planned()
+
+    monkeypatch.setattr(pipeline, "allocate", fake_allocate)
+    market = SpotMarket(sc.spot)
+    setup = pipeline.Setup(scenario=sc, library=None, availability={}, availability_mode="abundant", library_s=0.0)
+    replan = pipeline.EpochReplanner(setup=setup, method="coral", options=None, forecast=None, market=market)
+    replan.demands.append({(model, Phase.PREFILL): 5.0})
+    market.take_down(EAST, ["1xL40S"], 10.0, 130.0)
+    market.notice_at = 10.0
+    running = [InstanceSpec(template=t, region=EAST, spot=True), InstanceSpec(template=t, region=EAST),
+               InstanceSpec(template=t, region=ASIA, spot=True)]
+    assert [] == replan(10.0, {}, running, {})
+    kw = calls[0]
+    assert frozenset({(EAST, "1xL40S")}) == kw["spot_down"]
+    assert {(model, Phase.PREFILL): 5.0} == kw["demand"]  # the last plan's demand, solved again
+    assert {(f"{EAST}#spot", t.key): 1, (EAST, t.key): 1, (f"{ASIA}#spot", t.key): 1} == kw["prev"]
+    assert (1, 0) == (len(replan.notice_plans), len(replan.plans))
