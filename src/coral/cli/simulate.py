@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
@@ -90,8 +91,22 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
     console.print(f"requests: {r['arrived']} arrived, {r['finished']} finished, {r['failed']} failed, {r['in_flight']} in flight; "
                   f"cost {summary['cost_usd_per_h']:.2f} $/h, goodput {summary['goodput_tok_per_s']:,.0f} tok/s, "
                   f"SLO attainment {summary['slo_attainment']:.1%}")
+    if "spot" in summary:
+        console.print(_spot_line(summary["spot"]))
     if out:
         console.print(f"results written to {out}")
+
+
+def _spot_line(sp: dict[str, Any]) -> str:
+    """The spot block of a run's summary in two lines: what preemptions took, and the bill."""
+    worst = ", ".join(f"{m} {a:.1%}" for m, a in sp["worst_epoch_attainment"].items() if a is not None)
+    return (f"spot: {sp['notices']} preemption notices ({sp['zone_events']} zone-wide, {sp['node_events']} single-node, "
+            f"{sp['notice_s']:g} s notice), {sp['instances_lost']} instances / {sp['nodes_lost']} nodes lost, "
+            f"{sp['requests_requeued']} requests re-queued, {sp['requests_failed']} failed by preemption, "
+            f"{sp['spot_starts_refused']} spot starts refused while their pool was down\n"
+            f"      node-hours spot {sp['node_hours']['spot']:.2f} (${sp['cost_usd']['spot']:.2f}), "
+            f"on-demand {sp['node_hours']['on_demand']:.2f} (${sp['cost_usd']['on_demand']:.2f}); "
+            f"worst epoch attainment: {worst or 'none'}")
 
 
 @click.command("demo")

@@ -63,8 +63,17 @@ def instance_counts(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[int]]:
             for g in groups}
 
 
-def cost_goodput_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """Cost ($/h, left axis) and goodput (tok/s, right axis) per epoch, each over [start, end)."""
+def _mark_notices(ax: Any, notices_s: Sequence[float]) -> list[Any]:
+    """A thin red line at every spot preemption notice; the legend handle (none without notices)."""
+    lines = [ax.axvline(t, color="tab:red", linewidth=0.8, linestyle=":", alpha=0.8) for t in notices_s]
+    if lines:
+        lines[0].set_label("spot preemption notice")
+    return lines[:1]
+
+
+def cost_goodput_figure(rows: Sequence[Mapping[str, Any]], notices_s: Sequence[float] = ()) -> Figure:
+    """Cost ($/h, left axis) and goodput (tok/s, right axis) per epoch, each over [start, end),
+    with a mark at every spot preemption notice."""
     fig = Figure(figsize=(8, 4))
     ax1 = fig.subplots()
     xs, cost = epoch_steps(rows, [r["cost_usd_per_h"] or 0.0 for r in rows])
@@ -80,12 +89,13 @@ def cost_goodput_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     if xs:
         ax1.set_xlim(xs[0], xs[-1])
     ax1.set_title("cost and goodput per epoch")
-    ax1.legend(handles=[l1, l2], loc="lower right", fontsize=8)
+    ax1.legend(handles=[l1, l2, *_mark_notices(ax1, notices_s)], loc="lower right", fontsize=8)
     return fig
 
 
-def instances_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """Instances per model and phase in each epoch, stacked, so no series hides another."""
+def instances_figure(rows: Sequence[Mapping[str, Any]], notices_s: Sequence[float] = ()) -> Figure:
+    """Instances per model and phase in each epoch, stacked, so no series hides another, with a
+    mark at every spot preemption notice."""
     fig = Figure(figsize=(9, 4))
     ax = fig.subplots()
     counts = instance_counts(rows)
@@ -105,12 +115,14 @@ def instances_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     ax.set_xlabel("time (s)")
     ax.set_ylabel("instances (any state), stacked")
     ax.set_title("serving instances per model and phase in each epoch")
-    ax.legend(handles=handles[::-1], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(handles=handles[::-1] + _mark_notices(ax, notices_s), fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
     return fig
 
 
 def write_plots(result: PlottedRun, folder: Path) -> list[Path]:
-    """Write latency CDFs per model, cost and goodput per epoch, and instances per epoch.
+    """Write latency CDFs per model, cost and goodput per epoch, and instances per epoch (the
+    last two mark every spot preemption notice).
 
     Args:
         result: the run.
@@ -137,9 +149,11 @@ def write_plots(result: PlottedRun, folder: Path) -> list[Path]:
     paths.append(folder / "latency_cdf.png")
     _save(fig, paths[-1])
 
-    rows = result.summary(timing=False)["per_epoch"]
+    summary = result.summary(timing=False)
+    rows = summary["per_epoch"]
+    notices = [e["t_s"] for e in summary["spot"]["events"]] if "spot" in summary else []
     paths.append(folder / "cost_goodput.png")
-    _save(cost_goodput_figure(rows), paths[-1])
+    _save(cost_goodput_figure(rows, notices), paths[-1])
     paths.append(folder / "instances.png")
-    _save(instances_figure(rows), paths[-1])
+    _save(instances_figure(rows, notices), paths[-1])
     return paths

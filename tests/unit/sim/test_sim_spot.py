@@ -302,3 +302,16 @@ def test_the_epoch_replanner_plans_around_down_pools_and_keys_spot_instances_apa
     assert {(model, Phase.PREFILL): 5.0} == kw["demand"]  # the last plan's demand, solved again
     assert {(f"{EAST}#spot", t.key): 1, (EAST, t.key): 1, (f"{ASIA}#spot", t.key): 1} == kw["prev"]
     assert (1, 0) == (len(replan.notice_plans), len(replan.plans))
+
+
+def test_the_timelines_mark_every_notice() -> None:
+    from coral.sim.plots import cost_goodput_figure, instances_figure
+
+    rows = [{"t_start_s": 0.0, "t_end_s": 360.0, "cost_usd_per_h": 3.0, "goodput_tok_per_s": 10.0,
+             "instances": {"a/prefill/r/x#spot": {"active": 1}}}]
+    fig = cost_goodput_figure(rows, [100.0, 250.0])
+    ax = fig.axes[0]
+    assert "spot preemption notice" == ax.get_legend().get_texts()[-1].get_text()
+    assert [[100.0, 100.0], [250.0, 250.0]] == [list(ln.get_xdata()) for ln in ax.get_lines()[1:]]
+    assert 2 == sum(1 for ln in instances_figure(rows, [100.0, 250.0]).axes[0].get_lines())
+    assert "spot preemption notice" not in [t.get_text() for t in cost_goodput_figure(rows).axes[0].get_legend().get_texts()]
