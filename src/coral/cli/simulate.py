@@ -25,6 +25,7 @@ from coral.cli.common import (
     prepare_with_progress,
     scale_opt,
     scenario_opt,
+    spot_opt,
 )
 from coral.cli.perf import perf_cmd
 from coral.cli.scenario import scenario_show
@@ -46,20 +47,25 @@ from coral.cli_support import check_output_path, err_console, progress_display
 @jobs_opt
 @cache_opt
 @nmax_opt
+@spot_opt
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Write summary.json, requests.csv and plots here.")
 @json_opt
 def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scale: float, duration_s: float,
                  epoch_s: float | None, seed: int, data_dir: str | None, jobs: int, cache_dir: str | None,
-                 n_max: int | None, out: str | None, as_json: bool) -> None:
+                 n_max: int | None, spot: bool, out: str | None, as_json: bool) -> None:
     """Serve the scenario's real traces on METHOD's plans in the discrete-event simulator,
-    re-planning every epoch."""
+    re-planning every epoch.
+
+    With spot on (--spot, or regions[].spot in the scenario), spot nodes are preempted as the
+    fitted process draws them (seeded by --seed), with AWS's two-minute notice; each notice
+    re-plans at once, and the summary gains a spot block (docs/reference/simulator.md)."""
     # lazy: the core (numpy, pydantic, yaml) loads when the command runs, not when `coral` starts
     from coral.experiments.pipeline import run_simulation
 
     if out:
         check_output_path(out, "--out", folder=True)
-    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max)
+    setup = prepare_with_progress(scenario_name, demand_scale, availability, jobs, cache_dir, as_json, n_max, spot=spot)
     t0 = time.perf_counter()
     with progress_display(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} s"),
                           TimeElapsedColumn(), console=err_console, disable=as_json, transient=True) as bar:

@@ -10,6 +10,7 @@ from typing import Any
 
 from coral.allocator import Plan, allocate, tight_availability
 from coral.allocator.demand import Forecaster
+from coral.allocator.spot import spot_region
 from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import Phase
@@ -70,25 +71,19 @@ def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phas
          spot_down: Collection[tuple[str, str]] = ()) -> Plan:
     """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`),
     renting no spot node of the (region, configuration) pools in `spot_down`."""
-    extra = {"spot_down": spot_down} if spot_down else {}
     return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
-                    prev=prev, options=options, mode=mode, **extra)  # type: ignore[arg-type]  # until allocate takes spot_down
+                    prev=prev, options=options, mode=mode, spot_down=spot_down)
 
 
 def plan_specs(p: Plan) -> list[InstanceSpec]:
     """A plan's instances, one InstanceSpec per running instance (spot ones marked)."""
-    return [InstanceSpec(template=i.template, region=i.region, spot=getattr(i, "spot", False))
-            for i in p.instances for _ in range(i.count)]
-
-
-def _spot_region(region: str) -> str:
-    return f"{region}#spot"
+    return [InstanceSpec(template=i.template, region=i.region, spot=i.spot) for i in p.instances for _ in range(i.count)]
 
 
 def prev_counts(running: list[InstanceSpec]) -> dict[tuple[str, str], int]:
     """The running instances as the allocator's `prev`: (region, template key) -> count, a spot
-    instance under its region's spot market (`coral.allocator.spot.spot_region`)."""
-    return dict(Counter((_spot_region(s.region) if s.spot else s.region, s.template.key) for s in running))
+    instance under its region's spot market (`coral.allocator.spot.spot_region`), as `Plan.counts` does."""
+    return dict(Counter((spot_region(s.region) if s.spot else s.region, s.template.key) for s in running))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
