@@ -11,8 +11,8 @@ The draws come from the run's `SpotMarket` (`coral.sim.spot`, where the model is
   go down; the re-planner is called at once with the last epoch's demand and the running
   instances without the noticed ones, so replacements start now and serve `init_s` later.
 - At the loss (`notice_s` after the notice), an instance still holding work is lost: the
-  requests on it (queued, in a micro-batch, decoding) lose their KV and go to a new prefill on
-  the model's other instances, or fail with reason "spot preemption" where the model has no
+  requests on it (queued, in a micro-batch, decoding, or prefilled there with their KV waiting
+  for a decode instance) lose their KV and go to a new prefill on the model's other instances, or fail with reason "spot preemption" where the model has no
   instance left to take them. A KV transfer from or to a lost instance that had not arrived is
   lost the same way. It is paid until the loss.
 
@@ -114,11 +114,20 @@ class Preemptions(Replanning):
     # -- the loss --------------------------------------------------------------------------------------
     def _spot_loss(self, t: float, inst: Instance) -> None:
         """`inst`'s nodes leave: what it still holds goes to a new prefill elsewhere, or fails."""
-        if inst.state is Lifecycle.STOPPED:
-            return  # drained before its nodes left
+        rids: list[int] = []
+        if inst.phase is Phase.PREFILL:  # prefills whose KV waited here for a decode instance lose it
+            pend = self.pending_decode[inst.midx]
+            rids.extend(rid for rid, path in pend if path[0].inst is inst)
+            kept = [(rid, path) for rid, path in pend if path[0].inst is not inst]
+            pend.clear()
+            pend.extend(kept)
+        if inst.state is Lifecycle.STOPPED:  # drained before its nodes left
+            for rid in rids:
+                self._requeue(t, rid)
+            return
         inst.state = next_state(inst.state, LifecycleEvent.FAIL, in_flight=inst.held)
         inst.stop_s = t
-        rids = list(inst.queue)
+        rids.extend(inst.queue)
         inst.queue.clear()
         for lane in inst.lanes:
             rids.extend(lane.rids)
@@ -178,8 +187,9 @@ class Preemptions(Replanning):
             self._node_arrive(t, node, lane)
 
     def _kv_arrive_live(self, t: float, inst: Instance, rid: int) -> None:
-        """A KV transfer arrives, unless its source or its destination was lost on the way."""
-        if inst.state is Lifecycle.FAILED or self.instances[self.r_pinst[rid]].state is Lifecycle.FAILED:
+        """A KV transfer arrives, unless its source's or its destination's nodes left on the way
+        (a source that drained and stopped after its notice loses its KV at the loss all the same)."""
+        if inst.lost_s < t or self.instances[self.r_pinst[rid]].lost_s < t:
             self._requeue(t, rid)
             return
         self._kv_arrive(t, inst, rid)

@@ -315,3 +315,36 @@ def test_the_timelines_mark_every_notice() -> None:
     assert [[100.0, 100.0], [250.0, 250.0]] == [list(ln.get_xdata()) for ln in ax.get_lines()[1:]]
     assert 2 == sum(1 for ln in instances_figure(rows, [100.0, 250.0]).axes[0].get_lines())
     assert "spot preemption notice" not in [t.get_text() for t in cost_goodput_figure(rows).axes[0].get_legend().get_texts()]
+
+
+def test_kv_waiting_on_a_lost_prefill_instance_is_prefilled_again() -> None:
+    # The model's decode instance starts at the first boundary (10 s) and takes 200 s to be
+    # ready, so every prefill the spot prefill instance ends waits there with its KV. A zone event
+    # notices it at `notice` (~15.6 s); the re-plan starts an on-demand prefill instance. At the
+    # loss (notice + 120 s) the requests that arrived before the notice (prefilled there) lose
+    # their KV: re-queued, prefilled again on the new instance (but those of one output token,
+    # done at their prefill); the later ones waited for it.
+    seed = 3
+    sc = _scenario(180.0, 1.0)
+    model = sc.models[0].name
+    notice = _first_draw(seed, EAST, 20.0)
+    p_spot = InstanceSpec(template=const_template(model, Phase.PREFILL, batch=4), region=EAST, spot=True)
+    p_new = InstanceSpec(template=const_template(model, Phase.PREFILL, batch=4), region=EAST)
+    d = InstanceSpec(template=const_template(model, Phase.DECODE, batch=16), region=EAST)
+    market = SpotMarket(sc.spot)
+
+    def replan(now, demand, running, window):  # noqa: ANN001, ANN202
+        return list(running) + ([d] if now == 10.0 else [p_new] if market.notice_at == now else [])
+
+    trace = poisson_trace(model, 1.0, 30.0, seed, output=(1, 10))
+    r = simulate(sc, {model: trace}, [p_spot], replan, duration_s=300.0, epoch_s=10.0, init_s=200.0, seed=seed,
+                 spot=market)
+    before = trace.arrival_s < notice
+    one = trace.output_tokens == 1
+    assert r.spot is not None and 0 < (before & ~one).sum() and (before & one).any() and not before.all()
+    assert (int((before & ~one).sum()),) * 2 == (r.spot.requeued, r.spot.requeued_requests)
+    assert {"arrived": trace.num_requests, "finished": trace.num_requests, "failed": 0, "in_flight": 0} == \
+        r.summary(timing=False)["requests"]
+    ids = {i.key: i.id for i in r.instances}
+    assert np.array_equal(np.where(before & one, ids[p_spot.key], ids[p_new.key]), r.prefill_instance)
+    assert np.all(r.done_s[~(before & one)] >= notice + 200.0)
