@@ -292,13 +292,15 @@ def test_the_epoch_replanner_plans_around_down_pools_and_keys_spot_instances_apa
     setup = pipeline.Setup(scenario=sc, library=None, availability={}, availability_mode="abundant", library_s=0.0)
     replan = pipeline.EpochReplanner(setup=setup, method="coral", options=None, forecast=None, market=market)
     replan.demands.append({(model, Phase.PREFILL): 5.0})
-    market.take_down(EAST, ["1xL40S"], 10.0, 130.0)
+    market.take_down(EAST, ["1xL40S", "1xL4"], 10.0, 130.0)
     market.notice_at = 10.0
     running = [InstanceSpec(template=t, region=EAST, spot=True), InstanceSpec(template=t, region=EAST),
                InstanceSpec(template=t, region=ASIA, spot=True)]
     assert [] == replan(10.0, {}, running, {})
     kw = calls[0]
-    assert frozenset({(EAST, "1xL40S")}) == kw["spot_down"]
+    # both pools are down: 1xL4 gets no spot node; the one 1xL40S spot node still held stays (nothing new)
+    assert [(EAST, "1xL4")] == kw["spot_down"]
+    assert 1 == kw["availability"][(f"{EAST}#spot", "1xL40S")]
     assert {(model, Phase.PREFILL): 5.0} == kw["demand"]  # the last plan's demand, solved again
     assert {(f"{EAST}#spot", t.key): 1, (EAST, t.key): 1, (f"{ASIA}#spot", t.key): 1} == kw["prev"]
     assert (1, 0) == (len(replan.notice_plans), len(replan.plans))
