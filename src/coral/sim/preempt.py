@@ -122,8 +122,9 @@ class Preemptions(Replanning):
             pend.clear()
             pend.extend(kept)
         if inst.state is Lifecycle.STOPPED:  # drained before its nodes left
+            can = self._can_serve(inst.midx)
             for rid in rids:
-                self._requeue(t, rid)
+                self._requeue(t, rid, can)
             return
         inst.state = next_state(inst.state, LifecycleEvent.FAIL, in_flight=inst.held)
         inst.stop_s = t
@@ -142,14 +143,15 @@ class Preemptions(Replanning):
                     node.busy_s += t - node.started_at
                     node.busy = False
                 node.queue.clear()
+        can = self._can_serve(inst.midx)  # every request here is of its model
         for rid in dict.fromkeys(rids):
-            self._requeue(t, rid)
+            self._requeue(t, rid, can)
         if inst.phase is Phase.PREFILL:
             self._retire_deferred(t, inst.midx)
 
-    def _requeue(self, t: float, rid: int) -> None:
+    def _requeue(self, t: float, rid: int, can_serve: bool) -> None:
         """`rid` lost its KV with its instance: a new prefill on the model's other instances, or a
-        failure where the model has none left that could serve it."""
+        failure where the model has none left that could serve it (`can_serve`: `_can_serve`)."""
         first = self.r_first[rid]
         if first == first:  # not NaN: the client got its first token then
             self.first_seen[rid] = min(self.first_seen.get(rid, first), first)
@@ -161,7 +163,7 @@ class Preemptions(Replanning):
         self.r_pinst[rid] = self.r_dinst[rid] = -1
         self.r_fed[rid] = 0
         self.r_join[rid] = 0
-        if not self._can_serve(self.r_model[rid]):
+        if not can_serve:
             self.r_status[rid] = FAILED
             self.r_reason[rid] = PREEMPTION_REASON
             self.n_failed += 1
@@ -190,6 +192,6 @@ class Preemptions(Replanning):
         """A KV transfer arrives, unless its source's or its destination's nodes left on the way
         (a source that drained and stopped after its notice loses its KV at the loss all the same)."""
         if inst.lost_s < t or self.instances[self.r_pinst[rid]].lost_s < t:
-            self._requeue(t, rid)
+            self._requeue(t, rid, self._can_serve(inst.midx))
             return
         self._kv_arrive(t, inst, rid)
