@@ -350,3 +350,23 @@ def test_kv_waiting_on_a_lost_prefill_instance_is_prefilled_again() -> None:
     ids = {i.key: i.id for i in r.instances}
     assert np.array_equal(np.where(before & one, ids[p_spot.key], ids[p_new.key]), r.prefill_instance)
     assert np.all(r.done_s[~(before & one)] >= notice + 200.0)
+
+
+def test_preemptions_in_a_run_come_at_the_common_shock_rates() -> None:
+    # One spot instance of 2 nodes, replaced on spot at every notice (no notice delay, pools back
+    # at once), so the region always holds 2 spot nodes: at r = 3600 /h (1 /s) and rho = 0.5, zone
+    # events come at rho r = 0.5 /s and single-node ones at (1 - rho) r x 2 nodes = 1 /s. Over
+    # 400 s: 200 and 400 expected (standard deviations 14 and 20); 25 % is over 3.5 of them.
+    sc = _scenario(3600.0, 0.5, recovery_s=0.0)
+    model = sc.models[0].name
+    spec = InstanceSpec(template=const_template(model, Phase.COLOCATED, stages=2, chunk_tokens=64), region=EAST,
+                        spot=True)
+    market = SpotMarket(sc.spot)
+    replan = NoticeReplan(market, [spec])
+    r = simulate(sc, {}, [spec], replan, duration_s=400.0, epoch_s=2000.0, init_s=0.0, seed=11, spot=market,
+                 spot_notice_s=0.0)
+    assert r.spot is not None
+    kinds = [n.kind for n in r.spot.notices]
+    assert 200 == pytest.approx(kinds.count("zone"), rel=0.25)
+    assert 400 == pytest.approx(kinds.count("node"), rel=0.25)
+    assert all(2 == n.nodes and 1 == len(n.instances) for n in r.spot.notices)
