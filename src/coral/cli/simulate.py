@@ -107,7 +107,8 @@ def _spot_line(sp: dict[str, Any]) -> str:
     """The spot block of a run's summary in two lines: what preemptions took, and the bill."""
     worst = ", ".join(f"{m} {a:.1%}" for m, a in sp["worst_epoch_attainment"].items() if a is not None)
     return (f"spot: {sp['notices']} preemption notices ({sp['zone_events']} zone-wide, {sp['node_events']} single-node, "
-            f"{sp['notice_s']:g} s notice), {sp['instances_lost']} instances / {sp['nodes_lost']} nodes lost, "
+            f"{sp['notice_s']:g} s notice) took {sp['instances_noticed']} instances / {sp['nodes_noticed']} nodes, "
+            f"{sp['instances_lost']} instances / {sp['nodes_lost']} nodes lost with work on them, "
             f"{sp['requests_requeued']} requests re-queued, {sp['requests_failed']} failed by preemption, "
             f"{sp['spot_starts_refused']} spot starts refused while their pool was down\n"
             f"      node-hours spot {sp['node_hours']['spot']:.2f} (${sp['cost_usd']['spot']:.2f}), "

@@ -225,6 +225,7 @@ class SimResult:
             "zone_events": sum(1 for n in sp.notices if n.kind == "zone"),
             "node_events": sum(1 for n in sp.notices if n.kind == "node"),
             "instances_noticed": sum(len(n.instances) for n in sp.notices),
+            "nodes_noticed": sum(n.nodes for n in sp.notices),
             "instances_lost": len(lost),
             "nodes_lost": sum(i.rented_nodes for i in self.instances if i.id in lost),
             "requests_requeued": sp.requeued_requests, "requeues": sp.requeued,

@@ -81,9 +81,9 @@ def test_a_zone_event_loses_the_decode_instance_and_its_requests_are_served_by_t
     assert np.all(r.first_token_s < notice)
     assert np.all(r.done_s > notice + AWS_SPOT_NOTICE_S + 150.0 * 0.99)
     spot = r.summary(timing=False)["spot"]
-    assert (1, 1, 0, 1, 1, n, 0) == (spot["notices"], spot["zone_events"], spot["node_events"],
-                                     spot["instances_lost"], spot["nodes_lost"], spot["requests_requeued"],
-                                     spot["requests_failed"])
+    assert (1, 1, 0, 1, 1, 1, 1, n, 0) == (spot["notices"], spot["zone_events"], spot["node_events"],
+                                           spot["instances_noticed"], spot["nodes_noticed"], spot["instances_lost"],
+                                           spot["nodes_lost"], spot["requests_requeued"], spot["requests_failed"])
 
 
 def test_spot_instances_pay_the_spot_price() -> None:
