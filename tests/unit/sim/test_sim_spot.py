@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import numpy as np
@@ -370,3 +371,24 @@ def test_preemptions_in_a_run_come_at_the_common_shock_rates() -> None:
     assert 200 == pytest.approx(kinds.count("zone"), rel=0.25)
     assert 400 == pytest.approx(kinds.count("node"), rel=0.25)
     assert all(2 == n.nodes and 1 == len(n.instances) for n in r.spot.notices)
+
+
+def test_a_run_without_spot_gives_the_summary_it_gave_before_spot_existed(core) -> None:  # noqa: ANN001
+    # data/spot_off_summary.json: this run's summary printed by the simulator as it was before
+    # spot preemptions (P/D, a switch to colocated and back, drains). Re-record only for a change
+    # that means to alter a spot-off run.
+    from pathlib import Path
+
+    sc = dataclasses.replace(core, perf=ConstPerf(0.002, xfer_s=0.001))
+    model = sc.models[0].name
+    region = sc.regions[0]
+    p = const_template(model, Phase.PREFILL, batch=2)
+    d = const_template(model, Phase.DECODE, batch=8)
+    c = const_template(model, Phase.COLOCATED, batch=8, chunk_tokens=256)
+    spec = {k: InstanceSpec(template=t, region=region) for k, t in (("p", p), ("d", d), ("c", c))}
+    plans = [[spec["p"], spec["d"], spec["d"]], [spec["c"]], [spec["p"], spec["d"]]]
+    r = simulate(sc, {model: poisson_trace(model, 30.0, 60.0, 3, output=(1, 40))}, [spec["p"], spec["d"]],
+                 lambda now, demand, running, window: plans.pop(0) if plans else running,
+                 duration_s=90.0, epoch_s=15.0, init_s=5.0, seed=1)
+    golden = (Path(__file__).parent / "data" / "spot_off_summary.json").read_text()
+    assert golden == json.dumps(r.summary(timing=False), indent=1, sort_keys=True) + "\n"
