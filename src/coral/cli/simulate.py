@@ -80,6 +80,9 @@ def simulate_cmd(scenario_name: str, method: str, availability: str, demand_scal
     if out:
         run.result.write(Path(out))
         write_text(Path(out) / "plans.json", json.dumps([p.to_json() for p in run.plans], indent=2, default=str))
+        if run.notice_plans:  # the re-plans at spot preemption notices, in time order
+            write_text(Path(out) / "notice_plans.json",
+                       json.dumps([p.to_json() for p in run.notice_plans], indent=2, default=str))
     if as_json:
         return emit_json(summary)
     t = Table(title=f"{setup.scenario.name} / {method} / {availability}: {duration_s:g} s simulated in {summary['wall_s']:.1f} s")
