@@ -2,6 +2,7 @@
 applied, capacity raised where the prediction misses, and the cost of each attainment target."""
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,10 @@ def verify_plan(setup: Any, plan: Plan, *, duration_s: float | None = None, seed
     """
     scenario = setup.scenario
     span = float(duration_s or scenario.planner.epoch_s)
-    specs = plan_specs(plan)
+    # The plan held fixed for its one epoch: spot instances run as on-demand ones here (no
+    # preemption; their counted capacity already carries the survival discount, and prices do
+    # not enter the verdicts). `coral simulate` replays preemptions.
+    specs = [dataclasses.replace(s, spot=False) for s in plan_specs(plan)]
     if not specs:
         raise CoralError("the plan has no instances to verify")
     traces = build_workload({m.name: m.workload for m in scenario.models}, duration_s=span, seed=seed,

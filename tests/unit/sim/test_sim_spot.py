@@ -392,3 +392,17 @@ def test_a_run_without_spot_gives_the_summary_it_gave_before_spot_existed(core) 
                  duration_s=90.0, epoch_s=15.0, init_s=5.0, seed=1)
     golden = (Path(__file__).parent / "data" / "spot_off_summary.json").read_text()
     assert golden == json.dumps(r.summary(timing=False), indent=1, sort_keys=True) + "\n"
+
+
+def test_plan_verification_runs_a_spot_plan_without_preemptions() -> None:
+    from types import SimpleNamespace
+
+    from coral.experiments.pipeline import Setup
+    from coral.experiments.verify import verify_plan
+
+    sc = _scenario(3600.0, 1.0)  # a preemption every second, were it replayed
+    t = {m.name: const_template(m.name, Phase.COLOCATED, batch=8, chunk_tokens=512) for m in sc.models}
+    plan = SimpleNamespace(instances=[SimpleNamespace(template=t[m], region=EAST, spot=True, count=2) for m in t])
+    setup = Setup(scenario=sc, library=None, availability={}, availability_mode="abundant", library_s=0.0)
+    verdicts = verify_plan(setup, plan, duration_s=5.0)  # a spot instance in `simulate` needs a market: not here
+    assert verdicts and {v.model for v in verdicts} <= {m.name for m in sc.models}
