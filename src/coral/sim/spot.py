@@ -71,8 +71,8 @@ class SpotRecord:
     Attributes:
         notice_s: the notice the cloud gave.
         notices: every preemption event, in time order.
-        lost: ids of the noticed instances still holding their nodes at the loss (the others
-            drained and stopped before it).
+        lost: ids of the noticed instances still running at the loss (draining the work they
+            held; the others had drained and stopped before it).
         requeued: re-queue events (a request whose instance was lost, sent to a new prefill).
         requeued_requests: distinct requests re-queued at least once.
         refused: spot instances a plan asked for while their pool was down (not started).
