@@ -43,6 +43,7 @@ def experiment() -> None:
       coral experiment helix                 §6.6 Llama-2-70B on Helix's cluster
       coral experiment ablation core         §6.7 template-greedy vs Coral
       coral experiment sensitivity core      §6.8 n_max x rho sweep
+      coral experiment spot core             spot capacity: cost and attainment (issue 30)
       coral experiment all core              all of them, one report
 
     Each writes report.md, summary.json and figures/*.png into --out
@@ -187,6 +188,9 @@ _DOCS = {
              "459.8 tok/s and the whole cluster's $/h.",
     "ablation": "§6.7: template-greedy vs Coral, abundant and tight availability.",
     "sensitivity": "§6.8: template count, build time, best efficiency and plan cost over an n_max x rho grid.",
+    "spot": "Issue 30: spot capacity in the plan. Coral and a spot-aware Homo with spot off, on at the fitted "
+            "preemption rates, and at x0.5 / x2 / x4 those rates; preemptions replayed with the cloud's "
+            "notice. Cost, attainment per model and epoch, preemptions, against the issue's targets.",
     "all": "Every study above, one report.",
 }
 for _name, _doc in _DOCS.items():

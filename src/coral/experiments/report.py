@@ -344,6 +344,8 @@ def section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, pre
         out = _helix_section(result, fig_dir, rel)
     elif name == "sensitivity":
         out = _sensitivity_section(result, setup, fig_dir, rel)
+    elif name == "spot":
+        out = _spot_section(result, setup, fig_dir, rel)
     return "\n\n".join(out)
 
 
@@ -352,6 +354,87 @@ def _image_link(out: list[str], rel: str) -> Callable[[str, str], None]:
     def img(file: str, alt: str) -> None:
         out.append(f"![{alt}]({rel}{file})")
     return img
+
+
+def _spot_row(case: str, m: str, r: Mapping[str, Any], ref: float | None) -> list[str]:
+    sp = r.get("spot") or {}
+    worst = min((pm["slo_attainment"] for pm in r["per_model"].values() if pm["slo_attainment"] is not None),
+                default=None)
+    worst_epoch = min((pm["worst_epoch_attainment"] for pm in r["per_model"].values()
+                       if pm.get("worst_epoch_attainment") is not None), default=None)
+    spot_usd = sp.get("cost_usd", {}).get("spot")
+    total_usd = sum(sp.get("cost_usd", {}).values()) if sp else None
+    return [case, m, _fmt(r["cost_usd_per_h"]),
+            _ratio(r["cost_usd_per_h"] / ref if ref else None),
+            _pct(spot_usd / total_usd if spot_usd is not None and total_usd else (0.0 if not sp else None)),
+            _pct(worst), _pct(worst_epoch), str(sp.get("notices", 0)),
+            f"{sp.get('instances_lost', 0)} / {sp.get('nodes_lost', 0)}",
+            f"{sp.get('requests_requeued', 0)} / {sp.get('requests_failed', 0)}"]
+
+
+def _spot_section(result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str) -> list[str]:
+    """Spot off, on at the fitted rates and at multiples of them: cost, attainment, preemptions."""
+    out: list[str] = []
+    img = _image_link(out, rel)
+    cases = result["cases"]
+    ref = cases["on-demand"]["coral"]["cost_usd_per_h"]
+    rows = [_spot_row(case, m, r, ref) for case, methods in cases.items() for m, r in methods.items()]
+    out.append("Each case simulates the same traffic; with spot on, preemptions are drawn from the fitted "
+               "process of each region (times the case's multiplier), the cloud's notice drains the instance "
+               "and re-plans at once (the pool stays down until its capacity is back), the loss re-queues what "
+               "ran on it. *vs on-demand* is sim $/h against on-demand Coral's.\n\n"
+               + table(["case", "method", "sim $/h", "vs on-demand", "spot share of $", "worst model (run)",
+                        "worst model-epoch", "notices", "instances / nodes lost", "requests re-queued / failed"],
+                       rows))
+    t = result.get("targets", {})
+    if "fitted" in t:
+        f = t["fitted"]
+        out.append(f"Targets at the fitted rates (Coral): sim $/h {_pct(f['cost_share_of_on_demand'])} of on-demand "
+                   f"(target ≤ 60 %: {'met' if f['cost_ok'] else 'NOT met'}); every model at its attainment "
+                   f"target over the run: {'yes' if f['every_model_at_target'] else 'NO'}; every model ≥ 90 % in "
+                   f"every epoch: {'yes' if f['every_epoch_at_90'] else 'NO'}.")
+    if "x4" in t:
+        x = t["x4"]
+        out.append("At 4× the fitted rate: every model ≥ 90 % over the run: "
+                   + ("yes" if x["every_model_at_90"] else "NO")
+                   + ("; the plan fell back to on-demand" if x["fell_back_to_on_demand"] else "; the plan kept spot")
+                   + ".")
+    procs = result.get("processes", {})
+    if procs:
+        out.append("Spot processes at the fitted rates (per region and configuration; V100 traces as the proxy "
+                   "for every GPU):\n\n" + table(
+                       ["region", "preemptions / node-h", "co-loss share", "mean recovery s", "source"],
+                       [[r, _fmt(v["preemption_per_node_h"], ".3f"), _fmt(v["co_loss_share"], ".2f"),
+                         _fmt(v["recovery_s"], ",.0f"), v["source"]] for r, v in procs.items()]))
+    for case, methods in cases.items():
+        out.append(f"### {case}\n\nSLO attainment per model against its target (the whole run / its worst "
+                   "epoch):\n\n" + _target_table(methods))
+    img(fig_spot(cases, fig_dir / "spot.png", f"{setup}: spot capacity"), "spot cost and attainment")
+    return out
+
+
+def fig_spot(cases: Mapping[str, Mapping[str, Mapping[str, Any]]], path: Path, title: str) -> str:
+    """Sim $/h and the worst model's attainment per case (spot off, spot at x rate), one bar per method."""
+    plt = _plt()
+    names = list(next(iter(cases.values())))
+    labels = list(cases)
+    width = 0.8 / len(names)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(labels)), 3.6))
+    for j, m in enumerate(names):
+        xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, [cases[c][m]["cost_usd_per_h"] for c in labels], width, label=m, color=COLORS.get(m))
+        worst = [min((pm["slo_attainment"] or 0 for pm in cases[c][m]["per_model"].values()), default=0)
+                 for c in labels]
+        ax2.bar(xs, [100 * w for w in worst], width, label=m, color=COLORS.get(m))
+    for a in (ax, ax2):
+        a.set_xticks(range(len(labels)), labels, rotation=20, fontsize=8)
+    ax.set_ylabel("sim cost ($/h)")
+    ax2.set_ylabel("worst model's SLO attainment (%)")
+    ax2.axhline(95, color="k", lw=0.8, ls="--")
+    ax2.set_ylim(min(80, ax2.get_ylim()[0]), 100)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
 
 
 def _cost_section(name: str, result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str) -> list[str]:
@@ -470,7 +553,8 @@ def _sensitivity_section(result: Mapping[str, Any], setup: str, fig_dir: Path, r
 
 TITLES = {"cost": "§6.3 End-to-end cost (abundant GPUs)", "goodput": "§6.4 Goodput under tight availability",
           "skew": "§6.5 Demand imbalance (80 % to large / small models)", "helix": "§6.6 Single model vs Helix",
-          "ablation": "§6.7 Ablation: template-greedy vs Coral", "sensitivity": "§6.8 Template pruning sensitivity"}
+          "ablation": "§6.7 Ablation: template-greedy vs Coral", "sensitivity": "§6.8 Template pruning sensitivity",
+          "spot": "Spot capacity in the plan (issue 30)"}
 
 
 def header(meta: Mapping[str, Any]) -> str:
