@@ -76,6 +76,12 @@ CONTROL_PLANE = "00-control-plane"  # the SkyPilot task of the coordinator, HTTP
 REMOTE_SECRETS = "~/.coral/secrets"
 REMOTE_API_KEY = f"{REMOTE_SECRETS}/{API_KEY_FILE}"
 REMOTE_CURVE = f"{REMOTE_SECRETS}/{CURVE_DIR}"
+# A spot line's engine tasks (SkyPilot's task YAML, `resources`): `use_spot: true` rents spot instances, and
+# `job_recovery` (SkyPilot's recovery strategy for managed jobs, `sky jobs launch`; `sky launch` ignores it)
+# relaunches the task after a preemption. `FAILOVER` waits in the same region and fails over after a timeout;
+# `EAGER_NEXT_REGION` (SkyPilot's default) moves to the next region at once, but skips no region when the task
+# names one, as every engine task does (the plan placed it there): FAILOVER says what happens.
+SPOT_RESOURCES: Mapping[str, object] = {"use_spot": True, "job_recovery": {"strategy": "FAILOVER"}}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +219,8 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
     resources: dict[str, object] = {"cloud": cloud, "region": region, "accelerators": _accelerators(config)}
     if offer is not None and config not in inst.derived:
         resources["instance_type"] = offer.instance_type
+    if inst.spot:
+        resources.update(SPOT_RESOURCES)
     cases = "\n".join(
         f"  {n}) REPLICA={m['replica']} MACHINE={m['machine']} "
         f"ENGINES={shlex.quote(json.dumps(m['engines'], separators=(',', ':')))} ;;" for n, m in enumerate(table))
@@ -281,7 +289,7 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
                 # a colocated instance is the runtime's "mixed" one (coral.runtime.deploy.cluster_config.MIXED)
                 "name": f"{inst.name}-r{r}", "model": inst.model, "phase": "mixed" if inst.colocated else inst.phase.value,
                 "region": inst.region, "throughput_tok_per_s": inst.throughput_tok_per_s,
-                "scheduler_port": scheduler_port(inst.index, r),
+                "scheduler_port": scheduler_port(inst.index, r), **({"spot": True} if inst.spot else {}),
                 **({"chunk_tokens": inst.chunk_tokens} if inst.colocated else {}),
                 "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes),
                             "tp": [coral_engine_tp(e.tp, spec) for e in engines if e.stage == s],
@@ -358,12 +366,16 @@ _Dumper.add_representer(str, _str)
 
 def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
     lines = [f"# Coral plan {plan.path} (scenario {plan.scenario.name}, {plan.method}): {inst.count} x "
-             f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}",
+             f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}"
+             + (f" (spot, {inst.price_usd_per_h:.2f} $/h each)" if inst.spot else ""),
              "# stages: " + " | ".join(f"{'+'.join(s.nodes)}: layers {s.layer_start}-{s.layer_end - 1}"
                                        for s in inst.stages)]
     if inst.colocated:
         lines.append(f"# colocated: prefill and decode in one instance, chunked prefill of at most {inst.chunk_tokens} "
                      f"prompt tokens per step beside a decode batch of {inst.micro_batch}; no KV transfer")
+    if inst.spot:
+        lines.append(f"# SPOT: rent every machine here as a spot instance (the plan counted {inst.capacity_share:.0%} of "
+                     "its capacity); the cloud may take one with a notice (AWS: 2 minutes)")
     if inst.derived:
         lines.append(f"# WARNING: derived shape(s) {', '.join(inst.derived)}: {inst.region} does not sell them; "
                      "SkyPilot picks the nearest instance with these accelerators")
@@ -405,6 +417,9 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
             if per != [1]:
                 extra.append(f"# each {config} machine ({gpus} GPUs) runs {' or '.join(map(str, per))} engines, one per TP "
                              "group, each on its own GPUs")
+            if inst.spot:
+                extra.append("# launch it with `sky jobs launch` (a managed job): resources.job_recovery relaunches it after "
+                             "a preemption (`sky launch` rents the spot machines but does not relaunch them)")
             files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
                                                    + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
     secrets = secrets or make_secrets()

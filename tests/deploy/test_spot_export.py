@@ -1,0 +1,157 @@
+"""Spot lines of a plan (issue 30) read back and exported: version 4 reads the flag (version 3 still reads, every
+line on-demand), the SkyPilot engine tasks of a spot line rent spot and name SkyPilot's recovery strategy, the
+on-demand ones are unchanged, node counts still add up, and bad spot fields are refused with one line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from coral.catalog.models import builtin_model
+from coral.errors import CoralError
+from coral.runtime.deploy.export import control_cluster, export_skypilot, export_vllm
+from coral.runtime.deploy.mapping import plan_instance_specs
+from coral.runtime.deploy.plan_file import load_plan_file
+
+from .conftest import flat, run
+from .spot_plans import with_spot
+from .test_skypilot_accepts import _sky_home, _sky_python
+
+SPOT_LINES = {1, 3}  # phi-4 decode (shares its 1xL40S shape with the on-demand prefill), qwen3-32b decode (2 nodes)
+
+
+def _write(tmp_path: Path, data: dict, name: str = "spot.json") -> Path:
+    p = tmp_path / name
+    p.write_text(json.dumps(data))
+    return p
+
+
+@pytest.fixture()
+def spot_plan(two_model_plan, tmp_path):
+    scenario, _, data = two_model_plan
+    d = with_spot(data, SPOT_LINES)
+    return scenario, _write(tmp_path, d), d
+
+
+def test_version_4_reads_the_spot_flag_and_version_3_reads_on_demand(two_model_plan, spot_plan):
+    scenario, v3, _ = two_model_plan
+    _, v4, data = spot_plan
+    pf = load_plan_file(v4, str(scenario))
+    assert [k in SPOT_LINES for k in range(len(data["instances"]))] == [i.spot for i in pf.instances]
+    assert [0.8 if k in SPOT_LINES else 1.0 for k in range(len(pf.instances))] == [i.capacity_share for i in pf.instances]
+    # spot rows are their own: the totals per (region, config) add both markets up, `spot_nodes` the spot ones
+    spot_rows = Counter({(n["region"], n["config"]): n["count"] for n in data["nodes"] if n["spot"]})
+    assert dict(spot_rows) == pf.spot_nodes
+    total: Counter[tuple[str, str]] = Counter()
+    for n in data["nodes"]:
+        total[(n["region"], n["config"])] += n["count"]
+    assert dict(total) == pf.nodes
+    old = load_plan_file(v3, str(scenario))
+    assert [False] * len(old.instances) == [i.spot for i in old.instances]
+    assert {} == old.spot_nodes
+
+
+def test_the_runtime_instances_carry_the_flag(spot_plan):
+    scenario, path, data = spot_plan
+    pf = load_plan_file(path, str(scenario))
+    cluster = control_cluster(pf)
+    want = {f"{i.name}-r{r}": i.spot for i in pf.instances for r in range(i.count)}
+    assert want == {c["name"]: c.get("spot", False) for c in cluster["instances"]}
+    models = {i.model: _Model(i.model, i.stages[-1].layer_end) for i in pf.instances}
+    assert want == {s.name: s.spot for s in plan_instance_specs(pf, models)}
+
+
+class _Model:
+    """A cluster file's served model, as the mapping reads it: the built-in architecture of that name."""
+
+    def __init__(self, name: str, layers: int) -> None:
+        self.name, self.num_layers, self.seed, self.weights_path = name, layers, 0, None
+        self.spec, self.config = builtin_model(name), {}
+
+
+def test_skypilot_spot_tasks_use_spot_and_name_the_recovery_strategy(spot_plan):
+    scenario, path, data = spot_plan
+    pf = load_plan_file(path, str(scenario))
+    ex = export_skypilot(pf)
+    seen: Counter[tuple[str, str, bool]] = Counter()
+    for inst in pf.instances:
+        for config in set(inst.nodes):
+            text = ex.files[f"{inst.name}-{config}.yaml"]
+            task = yaml.safe_load(text)
+            res = task["resources"]
+            if inst.spot:
+                assert True is res["use_spot"]
+                assert {"strategy": "FAILOVER"} == res["job_recovery"]
+                assert "# SPOT:" in text and "sky jobs launch" in text
+            else:  # on-demand: no spot field at all, as before spot existed
+                assert "use_spot" not in res and "job_recovery" not in res and "SPOT" not in text
+            seen[(inst.region, config, inst.spot)] += task["num_nodes"]
+    # the engine tasks' nodes add up to the plan's rows, per market
+    assert Counter({(n["region"], n["config"], n["spot"]): n["count"] for n in data["nodes"]}) == seen
+    control = yaml.safe_load(ex.files["00-control-plane.yaml"])
+    assert "use_spot" not in control["resources"]  # the control plane never rides on spot
+
+
+def test_vllm_scripts_mark_the_spot_lines(decode_plan, tmp_path):
+    scenario, _, data = decode_plan
+    pf = load_plan_file(_write(tmp_path, with_spot(data, SPOT_LINES)), str(scenario))
+    ex = export_vllm(pf)
+    for inst in pf.instances:
+        text = ex.files.get(f"{inst.name}.sh")
+        if text is not None:
+            assert inst.spot == ("# SPOT: rent every machine here as a spot instance" in text), inst.name
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d["instances"][1].update(spot="yes"), "field 'spot' must be true or false, got 'yes'"),
+    (lambda d: d["instances"][1].pop("spot"), "field 'spot' is missing"),
+    (lambda d: d["instances"][1].update(capacity_share=1.5), "field 'capacity_share' must be a number in (0, 1]"),
+    # a spot node listed as on-demand: the file was edited
+    (lambda d: [n.update(spot=False) for n in d["nodes"]], "does not match the nodes of its instances"),
+])
+def test_bad_spot_fields_exit_2_and_write_nothing(spot_plan, tmp_path, edit, message):
+    scenario, _, data = spot_plan
+    bad = json.loads(json.dumps(data))
+    edit(bad)
+    path = _write(tmp_path, bad, "bad.json")
+    with pytest.raises(CoralError, match="instances\\[1\\]|nodes"):
+        load_plan_file(path, str(scenario))
+    r = run("export", "--plan", str(path), "--scenario", str(scenario), "--format", "skypilot", "--out", str(tmp_path / "o"))
+    assert 2 == r.exit_code, r.output
+    assert message in flat(r)
+    assert not (tmp_path / "o").exists()
+
+
+CHECK = r"""
+import json, sys, yaml
+import sky
+out = []
+for path in sys.argv[1:]:
+    (res,) = sky.Task.from_yaml_config(yaml.safe_load(open(path))).resources
+    out.append({"file": path, "use_spot": res.use_spot, "job_recovery": res.job_recovery})
+print(json.dumps(out))
+"""
+
+
+def test_skypilot_reads_the_spot_fields(spot_plan, tmp_path, data_dir):
+    """SkyPilot's own loader takes `use_spot` and `job_recovery` as the export writes them."""
+    exe = _sky_python()
+    scenario, path, _ = spot_plan
+    r = run("export", "--plan", str(path), "--scenario", str(scenario), "--format", "skypilot", "--out", str(tmp_path / "sky"))
+    assert 0 == r.exit_code, r.output
+    files = sorted(str(p) for p in (tmp_path / "sky").glob("[!.]*.yaml") if p.name != "00-control-plane.yaml")
+    home = tmp_path / "home"
+    _sky_home(home, data_dir)
+    env = {**os.environ, "HOME": str(home), "SKYPILOT_DISABLE_USAGE_COLLECTION": "1"}
+    proc = subprocess.run([exe, "-c", CHECK, *files], capture_output=True, text=True, env=env, timeout=240)
+    assert 0 == proc.returncode, proc.stderr[-3000:]
+    got = {Path(t["file"]).name: (t["use_spot"], t["job_recovery"]) for t in json.loads(proc.stdout.strip().splitlines()[-1])}
+    pf = load_plan_file(path, str(scenario))
+    want = {f"{i.name}-{c}.yaml": (True, {"strategy": "FAILOVER"}) if i.spot else (False, None)
+            for i in pf.instances for c in set(i.nodes)}
+    assert want == got
