@@ -451,15 +451,16 @@ class Controller:
                 self.running.pop(other, None)
                 self.starting.pop(other, None)
                 self.provisioner.stop_instance(other)
-            self.draining[name] = now
-            if not self.coordinator.drain(name, "spot preemption notice"):  # not registered yet: nothing to drain
-                self.provisioner.stop_instance(name)
-                self.draining.pop(name, None)
             notice = self._replan_after_notice(name, spec, now)
             if notice is None:
                 rep = self._start_repair(name, spec, "preempted", now)
                 notice = Notice(replaces=name, started=(Action(kind="start", name=rep.name, spec=rep.spec),))
+            # the model's requests are held for the replacement before the drain takes this one out of routing
             self._expect_replacements(now)
+            self.draining[name] = now
+            if not self.coordinator.drain(name, "spot preemption notice"):  # not registered yet: nothing to drain
+                self.provisioner.stop_instance(name)
+                self.draining.pop(name, None)
             return notice
 
     def _replan_after_notice(self, name: str, spec: InstanceSpec, now: float) -> Notice | None:
