@@ -428,7 +428,8 @@ class Controller:
         one of its engine nodes, ``<instance>/<stage>/<k>``) takes no new request from now on and
         finishes those it holds. Its replacement starts at once and takes its place: for a spot
         instance under a :class:`SpotAware` planner, what the planner's re-plan without the lost spot
-        pools starts (on-demand, or another region's spot); otherwise a copy of its shape.
+        pools starts (on-demand, or another region's spot); otherwise a copy of its shape; none where
+        the provisioner cannot start engines (`--provisioner remote`: it only drains).
 
         Returns:
             What was drained and started.
@@ -451,7 +452,14 @@ class Controller:
                 self.running.pop(other, None)
                 self.starting.pop(other, None)
                 self.provisioner.stop_instance(other)
-            notice = self._replan_after_notice(name, spec, now)
+            notice: Notice | None = None
+            if not getattr(self.provisioner, "can_start_engines", True):
+                # engines are started elsewhere (`--provisioner remote`): nothing here can replace it; it drains
+                log.warning("controller: %s has a spot preemption notice; draining it (no engine can be started "
+                            "here: the plan's other instances carry its load)", name)
+                notice = Notice(replaces=name, started=())
+            else:
+                notice = self._replan_after_notice(name, spec, now)
             if notice is None:
                 rep = self._start_repair(name, spec, "preempted", now)
                 notice = Notice(replaces=name, started=(Action(kind="start", name=rep.name, spec=rep.spec),))
