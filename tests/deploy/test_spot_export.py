@@ -109,7 +109,6 @@ def test_vllm_scripts_mark_the_spot_lines(decode_plan, tmp_path):
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: d["instances"][1].update(spot="yes"), "field 'spot' must be true or false, got 'yes'"),
-    (lambda d: d["instances"][1].pop("spot"), "field 'spot' is missing"),
     (lambda d: d["instances"][1].update(capacity_share=1.5), "field 'capacity_share' must be a number in (0, 1]"),
     # a spot node listed as on-demand: the file was edited
     (lambda d: [n.update(spot=False) for n in d["nodes"]], "does not match the nodes of its instances"),
@@ -155,3 +154,16 @@ def test_skypilot_reads_the_spot_fields(spot_plan, tmp_path, data_dir):
     want = {f"{i.name}-{c}.yaml": (True, {"strategy": "FAILOVER"}) if i.spot else (False, None)
             for i in pf.instances for c in set(i.nodes)}
     assert want == got
+
+
+def test_a_version_4_line_without_spot_is_on_demand(spot_plan, tmp_path):
+    scenario, _, data = spot_plan
+    d = json.loads(json.dumps(data))
+    d["instances"][0].pop("spot")  # an on-demand line (as a hand-written plan has it)
+    d["instances"][1].pop("spot")  # a spot line whose flag was dropped: its spot node rows no longer match
+    d["instances"][1]["capacity_share"] = 1.0
+    with pytest.raises(CoralError, match="field 'nodes' does not match the nodes of its instances"):
+        load_plan_file(_write(tmp_path, d, "d.json"), str(scenario))
+    d["nodes"] = with_spot({**data, "instances": d["instances"]}, SPOT_LINES - {1})["nodes"]
+    pf = load_plan_file(_write(tmp_path, d, "e.json"), str(scenario))
+    assert [k in SPOT_LINES - {1} for k in range(len(pf.instances))] == [i.spot for i in pf.instances]

@@ -223,8 +223,9 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
 
 
 def _spot(raw: dict[str, Any], at: str) -> tuple[bool, float]:
-    """A version-4 instance's `spot` flag (a boolean) and `capacity_share` (in (0, 1]; 1 where absent)."""
-    spot = _field(raw, "spot", at)
+    """A version-4 instance's `spot` flag (a boolean; absent: on-demand, as a hand-written line) and
+    `capacity_share` (in (0, 1]; 1 where absent)."""
+    spot = raw.get("spot", False)
     if not isinstance(spot, bool):
         raise CoralError(f"{at}: field 'spot' must be true or false, got {spot!r}; re-run `coral plan --out`")
     share = raw.get("capacity_share", 1.0)
