@@ -34,7 +34,9 @@ def _write(tmp_path: Path, data: dict, name: str = "spot.json") -> Path:
 @pytest.fixture()
 def spot_plan(two_model_plan, tmp_path):
     scenario, _, data = two_model_plan
-    d = with_spot(data, SPOT_LINES)
+    two = json.loads(json.dumps(data))
+    two["instances"][3]["count"] = 2  # two replicas of the 2-node spot line (with_spot rebuilds the node rows)
+    d = with_spot(two, SPOT_LINES)
     return scenario, _write(tmp_path, d), d
 
 
@@ -81,19 +83,27 @@ def test_skypilot_spot_tasks_use_spot_and_name_the_recovery_strategy(spot_plan):
     seen: Counter[tuple[str, str, bool]] = Counter()
     for inst in pf.instances:
         for config in set(inst.nodes):
-            text = ex.files[f"{inst.name}-{config}.yaml"]
-            task = yaml.safe_load(text)
-            res = task["resources"]
-            if inst.spot:
-                assert True is res["use_spot"]
-                assert {"strategy": "FAILOVER"} == res["job_recovery"]
-                assert "# SPOT:" in text and "sky jobs launch" in text
-            else:  # on-demand: no spot field at all, as before spot existed
-                assert "use_spot" not in res and "job_recovery" not in res and "SPOT" not in text
-            seen[(inst.region, config, inst.spot)] += task["num_nodes"]
+            # a spot line: a task per replica (a managed job's recovery relaunches its whole task)
+            names = [f"{inst.name}-r{r}-{config}.yaml" for r in range(inst.count)] if inst.spot else [f"{inst.name}-{config}.yaml"]
+            for name in names:
+                text = ex.files.pop(name)
+                task = yaml.safe_load(text)
+                res = task["resources"]
+                if inst.spot:
+                    assert True is res["use_spot"]
+                    assert {"strategy": "FAILOVER"} == res["job_recovery"]
+                    assert "# SPOT:" in text and "sky jobs launch" in text
+                    # its ranks are its replica's machines of this configuration, and only those
+                    replica = int(name.rsplit("-r", 1)[1].split("-", 1)[0])
+                    assert {f"REPLICA={replica}"} == {w for w in task["run"].split() if w.startswith("REPLICA=")}
+                    assert inst.nodes.count(config) == task["num_nodes"]
+                else:  # on-demand: no spot field at all, as before spot existed
+                    assert "use_spot" not in res and "job_recovery" not in res and "SPOT" not in text
+                seen[(inst.region, config, inst.spot)] += task["num_nodes"]
+    assert {"00-control-plane.yaml", ".sky.yaml"} == set(ex.files)  # no other task
     # the engine tasks' nodes add up to the plan's rows, per market
     assert Counter({(n["region"], n["config"], n["spot"]): n["count"] for n in data["nodes"]}) == seen
-    control = yaml.safe_load(ex.files["00-control-plane.yaml"])
+    control = yaml.safe_load(ex.files["00-control-plane.yaml"])  # (the engine tasks were popped above)
     assert "use_spot" not in control["resources"]  # the control plane never rides on spot
 
 
@@ -151,8 +161,9 @@ def test_skypilot_reads_the_spot_fields(spot_plan, tmp_path, data_dir):
     assert 0 == proc.returncode, proc.stderr[-3000:]
     got = {Path(t["file"]).name: (t["use_spot"], t["job_recovery"]) for t in json.loads(proc.stdout.strip().splitlines()[-1])}
     pf = load_plan_file(path, str(scenario))
-    want = {f"{i.name}-{c}.yaml": (True, {"strategy": "FAILOVER"}) if i.spot else (False, None)
-            for i in pf.instances for c in set(i.nodes)}
+    want = {f"{i.name}-{c}.yaml": (False, None) for i in pf.instances if not i.spot for c in set(i.nodes)}
+    want |= {f"{i.name}-r{r}-{c}.yaml": (True, {"strategy": "FAILOVER"})
+             for i in pf.instances if i.spot for c in set(i.nodes) for r in range(i.count)}
     assert want == got
 
 

@@ -27,12 +27,17 @@ key and every ZeroMQ socket of the cluster encrypts with the keypair; only the H
 (the schedulers' ports stay on the cluster's private network). A `vllm serve` script reads the key into
 `VLLM_API_KEY`.
 
+Spot lines (a version-4 plan's `spot` instances, issue 30): their engine tasks rent spot and name SkyPilot's
+managed-job recovery strategy (:data:`SPOT_RESOURCES`), their headers and `vllm serve` scripts say so, and the
+control plane's cluster file marks them `spot: true`; on-demand lines are exported as before.
+
 Derived shapes (a configuration the region does not sell) cannot be rented as such: they are
 refused unless `allow_derived`, and flagged in every file that uses one.
 No torch here: exports run without the runtime extra.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shlex
@@ -211,16 +216,18 @@ os.replace(path + '.tmp', path)
 """
 
 
-def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
+def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str, replica: int | None = None) -> dict[str, object]:
+    """The engine task of `inst`'s machines of `config` (only those of `replica` where given: a spot line's
+    task per replica, so that a managed job's recovery relaunches no healthy replica's machines)."""
     cloud, region = _cloud_region(inst.region)
-    table = _machine_table(plan, inst, config)
+    table = [m for m in _machine_table(plan, inst, config) if replica is None or m["replica"] == replica]
     served = next(m for m in plan.scenario.models if m.name == inst.model)
     offer = plan.scenario.catalog.offers.get((inst.region, config))
     resources: dict[str, object] = {"cloud": cloud, "region": region, "accelerators": _accelerators(config)}
     if offer is not None and config not in inst.derived:
         resources["instance_type"] = offer.instance_type
     if inst.spot:
-        resources.update(SPOT_RESOURCES)
+        resources.update(copy.deepcopy(dict(SPOT_RESOURCES)))  # a fresh dict per task: no YAML anchors
     cases = "\n".join(
         f"  {n}) REPLICA={m['replica']} MACHINE={m['machine']} "
         f"ENGINES={shlex.quote(json.dumps(m['engines'], separators=(',', ':')))} ;;" for n, m in enumerate(table))
@@ -242,7 +249,7 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
         "python - <<'PY'\n" + _ENGINE_PY + "PY\n"
     )
     task: dict[str, object] = {
-        "name": f"coral-{inst.name}-{config}".lower(),
+        "name": f"coral-{inst.name}{'' if replica is None else f'-r{replica}'}-{config}".lower(),
         "num_nodes": len(table),
         "resources": resources,
         "envs": {
@@ -383,7 +390,8 @@ def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
 
 
 def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
-    """The control-plane task and one engine task YAML per (instance line, node configuration).
+    """The control-plane task and one engine task YAML per (instance line, node configuration), and for a
+    spot line per (instance line, replica, node configuration).
 
     Args:
         plan: the plan file.
@@ -403,8 +411,9 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
         + yaml.dump(_control_task(plan), Dumper=_Dumper, sort_keys=False, width=200))
     for inst in plan.instances:
         spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
-        for config in sorted(set(inst.nodes)):
-            task = _skypilot_task(plan, inst, config)
+        # a spot line: a task per replica (a managed job's recovery relaunches the whole task)
+        for config, replica in [(c, r) for c in sorted(set(inst.nodes)) for r in (range(inst.count) if inst.spot else [None])]:
+            task = _skypilot_task(plan, inst, config, replica)
             gpus = split_config_name(config)[0]
             extra = []
             for e in inst.engines():
@@ -418,9 +427,11 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
                 extra.append(f"# each {config} machine ({gpus} GPUs) runs {' or '.join(map(str, per))} engines, one per TP "
                              "group, each on its own GPUs")
             if inst.spot:
-                extra.append("# launch it with `sky jobs launch` (a managed job): resources.job_recovery relaunches it after "
-                             "a preemption (`sky launch` rents the spot machines but does not relaunch them)")
-            files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
+                extra.append(f"# replica {replica} of {inst.count}; launch it with `sky jobs launch` (a managed job): "
+                             "resources.job_recovery relaunches its machines after a preemption (`sky launch` rents "
+                             "spot machines but does not relaunch them)")
+            part = "" if replica is None else f"-r{replica}"
+            files[f"{inst.name}{part}-{config}.yaml"] = (_header(plan, inst, extra)
                                                    + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
     secrets = secrets or make_secrets()
     files[SKY_PROJECT_CONFIG] = _sky_project_config(secrets)
@@ -649,4 +660,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "check_first_token_vllm", "control_cluster", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "SPOT_RESOURCES", "Export", "check_first_token_vllm", "control_cluster", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
