@@ -286,7 +286,7 @@ class InstanceFile(_Strict):
     spot: bool = Field(False, description=(
         "Its nodes are spot (`coral serve --plan` sets it from the plan): a preemption notice for one of them "
         "(`POST /admin/preempt`) marks its (region, configuration) spot pool as lost, and the live planner's "
-        "replacement comes from on-demand or another region's spot."))
+        "replacement comes from on-demand or a spot pool not lost."))
 
 
 class CoordinatorFile(_Strict):

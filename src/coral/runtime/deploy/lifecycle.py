@@ -32,7 +32,7 @@ takes them. A request still on the node when it goes is resent like any other lo
 instance (issue 30) under a planner that re-plans around lost spot capacity (:class:`SpotAware`,
 :class:`coral.runtime.deploy.planner.PlanPlanner`), the notice is a loss of the instance's spot
 pools: the planner re-plans without them and the instances it starts replace the lost one
-(on-demand, or another region's spot) instead of a copy of the same spot shape.
+(on-demand, or spot from a pool not lost) instead of a copy of the same spot shape.
 """
 
 from __future__ import annotations
@@ -428,7 +428,7 @@ class Controller:
         one of its engine nodes, ``<instance>/<stage>/<k>``) takes no new request from now on and
         finishes those it holds. Its replacement starts at once and takes its place: for a spot
         instance under a :class:`SpotAware` planner, what the planner's re-plan without the lost spot
-        pools starts (on-demand, or another region's spot); otherwise a copy of its shape; none where
+        pools starts (on-demand, or spot from a pool not lost); otherwise a copy of its shape; none where
         the provisioner cannot start engines (`--provisioner remote`: it only drains).
 
         Returns:
