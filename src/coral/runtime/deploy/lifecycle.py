@@ -473,8 +473,8 @@ class Controller:
 
     def _replan_after_notice(self, name: str, spec: InstanceSpec, now: float) -> Notice | None:
         """A spot instance's notice under a :class:`SpotAware` planner: its re-plan without the lost pools,
-        carried out; the started instances of the lost one's model and phase replace it (the model's requests
-        are held for them). None: not spot, no such planner, or it did not re-plan."""
+        carried out; the started instances of the lost one's model replace it (the model's requests are held
+        for them). None: not spot, no such planner, or it did not re-plan."""
         if not spec.spot or self.dry_run or not isinstance(self.planner, SpotAware):
             return None  # a dry run starts nothing a re-plan asks for: it keeps the plan running with a copy
         try:
@@ -487,14 +487,14 @@ class Controller:
         self.target = tuple(desired)
         actions = self._reconcile()
         started = tuple(a for a in actions if a.kind == "start")
-        for a in started:
-            if (a.spec.model, a.spec.phase) == (spec.model, spec.phase):
+        for a in started:  # those of its model replace it (any phase: the re-plan may serve it colocated)
+            if a.spec.model == spec.model:
                 self.repairs[a.name] = Repair(name=a.name, replaces=name, reason="preempted", spec=a.spec, t_start=now)
                 key = (spec.model, "preempted")
                 self.repair_counts[key] = self.repair_counts.get(key, 0) + 1
         log.warning("controller: %s has a spot preemption notice; the re-plan without its spot pools starts %s",
                     name, ", ".join(f"{a.name} ({describe(a.spec)})" for a in started) or "nothing")
-        mine = sorted(started, key=lambda a: (a.spec.model, a.spec.phase) != (spec.model, spec.phase))
+        mine = sorted(started, key=lambda a: (a.spec.model != spec.model, a.spec.phase != spec.phase))
         return Notice(replaces=name, started=tuple(mine), drained=tuple(a for a in actions if a.kind == "drain"),
                       replanned=True)
 
