@@ -178,3 +178,24 @@ def test_a_version_4_line_without_spot_is_on_demand(spot_plan, tmp_path):
     d["nodes"] = with_spot({**data, "instances": d["instances"]}, SPOT_LINES - {1})["nodes"]
     pf = load_plan_file(_write(tmp_path, d, "e.json"), str(scenario))
     assert [k in SPOT_LINES - {1} for k in range(len(pf.instances))] == [i.spot for i in pf.instances]
+
+
+def test_advisory_keeps_spot_and_on_demand_lines_apart_and_keys_prev_as_the_allocator(two_model_plan, spot_plan):
+    from coral.allocator.spot import spot_region
+    from coral.runtime.deploy.advisory import diff_plans, running_counts
+
+    scenario, v3, _ = two_model_plan
+    _, v4, _ = spot_plan
+    on_demand, spot = load_plan_file(v3, str(scenario)), load_plan_file(v4, str(scenario))
+    prev = running_counts(spot)
+    want: Counter[tuple[str, str]] = Counter()
+    for i in spot.instances:
+        want[(spot_region(i.region) if i.spot else i.region, i.key)] += i.count
+    assert dict(want) == prev  # what the allocator's `prev` (Plan.counts) keys spot instances by
+    # moving a line from on-demand to spot drains the one and starts the other: they are not the same line
+    diff = diff_plans(on_demand, spot)
+    moved = {(c.key, c.spot): (c.running, c.planned) for c in diff.changes}
+    for k in SPOT_LINES:
+        i, j = on_demand.instances[k], spot.instances[k]
+        assert (i.count, 0) == moved[(i.key, False)] and (0, j.count) == moved[(j.key, True)]
+    assert [True] * len(SPOT_LINES) == [c["spot"] for c in diff.to_json()["changes"] if c["planned"]]
