@@ -127,7 +127,7 @@ def print_advice(d: dict[str, Any]) -> None:
     for col in ("region", "template", "running", "planned", "start", "drain", "Δ $/h"):
         t.add_column(col, justify="left" if col in ("region", "template") else "right")
     for c in d["changes"]:
-        t.add_row(c["region"], c["template"], str(c["running"]), str(c["planned"]), str(c["start"]), str(c["drain"]),
+        t.add_row(c["region"] + (" spot" if c.get("spot") else ""), c["template"], str(c["running"]), str(c["planned"]), str(c["start"]), str(c["drain"]),
                   f"{c['delta_usd_per_h']:+,.2f}")
     Console().print(t)
     click.echo(f"fleet {d['running_usd_per_h']:,.2f} $/h -> {d['planned_usd_per_h']:,.2f} $/h "

@@ -164,6 +164,7 @@ class InstanceSpec:
     weights_path: str | None
     scheduler_port: int | None = None  # a fixed port for its scheduler (engines started elsewhere dial it)
     chunk_tokens: int | None = None  # most prompt tokens per step (chunked prefill); None = whole prompts
+    spot: bool = False  # its nodes are spot (issue 30): a notice may take them; the live planner re-plans around it
 
     def __post_init__(self) -> None:
         if self.chunk_tokens is not None and self.chunk_tokens < 1:
@@ -282,6 +283,10 @@ class InstanceFile(_Strict):
         "running decodes plus at most this many prompt tokens, so a long prompt is fed over several steps and the "
         "decodes are not held up by it (`coral serve --plan` sets a colocated instance's from its template); "
         "default: a prompt goes whole into one step."))
+    spot: bool = Field(False, description=(
+        "Its nodes are spot (`coral serve --plan` sets it from the plan): a preemption notice for one of them "
+        "(`POST /admin/preempt`) marks its (region, configuration) spot pool as lost, and the live planner's "
+        "replacement comes from on-demand or a spot pool not lost."))
 
 
 class CoordinatorFile(_Strict):
@@ -462,6 +467,7 @@ def _instances(files: list[InstanceFile], models: list[ServedModel], source: str
             spec = InstanceSpec(
                 name=i.name, model=i.model, phase=served_phase(i.phase), region=i.region, throughput_tok_per_s=i.throughput_tok_per_s,
                 stages=stages, seed=seed, weights_path=path, scheduler_port=i.scheduler_port, chunk_tokens=i.chunk_tokens,
+                spot=i.spot,
             )  # fmt: skip
         except ValueError as e:
             raise CoralError(f"{source}: instance {i.name!r}: {e}") from None

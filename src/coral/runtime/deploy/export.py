@@ -27,12 +27,17 @@ key and every ZeroMQ socket of the cluster encrypts with the keypair; only the H
 (the schedulers' ports stay on the cluster's private network). A `vllm serve` script reads the key into
 `VLLM_API_KEY`.
 
+Spot lines (a version-4 plan's `spot` instances, issue 30): their engine tasks rent spot and name SkyPilot's
+managed-job recovery strategy (:data:`SPOT_RESOURCES`), their headers and `vllm serve` scripts say so, and the
+control plane's cluster file marks them `spot: true`; on-demand lines are exported as before.
+
 Derived shapes (a configuration the region does not sell) cannot be rented as such: they are
 refused unless `allow_derived`, and flagged in every file that uses one.
 No torch here: exports run without the runtime extra.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import shlex
@@ -76,6 +81,12 @@ CONTROL_PLANE = "00-control-plane"  # the SkyPilot task of the coordinator, HTTP
 REMOTE_SECRETS = "~/.coral/secrets"
 REMOTE_API_KEY = f"{REMOTE_SECRETS}/{API_KEY_FILE}"
 REMOTE_CURVE = f"{REMOTE_SECRETS}/{CURVE_DIR}"
+# A spot line's engine tasks (SkyPilot's task YAML, `resources`): `use_spot: true` rents spot instances, and
+# `job_recovery` (SkyPilot's recovery strategy for managed jobs, `sky jobs launch`; `sky launch` ignores it)
+# relaunches the task after a preemption. `FAILOVER` waits in the same region and fails over after a timeout;
+# `EAGER_NEXT_REGION` (SkyPilot's default) moves to the next region at once, but skips no region when the task
+# names one, as every engine task does (the plan placed it there): FAILOVER says what happens.
+SPOT_RESOURCES: Mapping[str, object] = {"use_spot": True, "job_recovery": {"strategy": "FAILOVER"}}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,14 +216,18 @@ os.replace(path + '.tmp', path)
 """
 
 
-def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[str, object]:
+def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str, replica: int | None = None) -> dict[str, object]:
+    """The engine task of `inst`'s machines of `config` (only those of `replica` where given: a spot line's
+    task per replica, so that a managed job's recovery relaunches no healthy replica's machines)."""
     cloud, region = _cloud_region(inst.region)
-    table = _machine_table(plan, inst, config)
+    table = [m for m in _machine_table(plan, inst, config) if replica is None or m["replica"] == replica]
     served = next(m for m in plan.scenario.models if m.name == inst.model)
     offer = plan.scenario.catalog.offers.get((inst.region, config))
     resources: dict[str, object] = {"cloud": cloud, "region": region, "accelerators": _accelerators(config)}
     if offer is not None and config not in inst.derived:
         resources["instance_type"] = offer.instance_type
+    if inst.spot:
+        resources.update(copy.deepcopy(dict(SPOT_RESOURCES)))  # a fresh dict per task: no YAML anchors
     cases = "\n".join(
         f"  {n}) REPLICA={m['replica']} MACHINE={m['machine']} "
         f"ENGINES={shlex.quote(json.dumps(m['engines'], separators=(',', ':')))} ;;" for n, m in enumerate(table))
@@ -234,7 +249,7 @@ def _skypilot_task(plan: PlanFile, inst: PlannedInstance, config: str) -> dict[s
         "python - <<'PY'\n" + _ENGINE_PY + "PY\n"
     )
     task: dict[str, object] = {
-        "name": f"coral-{inst.name}-{config}".lower(),
+        "name": f"coral-{inst.name}{'' if replica is None else f'-r{replica}'}-{config}".lower(),
         "num_nodes": len(table),
         "resources": resources,
         "envs": {
@@ -281,7 +296,7 @@ def control_cluster(plan: PlanFile) -> dict[str, object]:
                 # a colocated instance is the runtime's "mixed" one (coral.runtime.deploy.cluster_config.MIXED)
                 "name": f"{inst.name}-r{r}", "model": inst.model, "phase": "mixed" if inst.colocated else inst.phase.value,
                 "region": inst.region, "throughput_tok_per_s": inst.throughput_tok_per_s,
-                "scheduler_port": scheduler_port(inst.index, r),
+                "scheduler_port": scheduler_port(inst.index, r), **({"spot": True} if inst.spot else {}),
                 **({"chunk_tokens": inst.chunk_tokens} if inst.colocated else {}),
                 "stages": [{"layers": [st.layer_start, st.layer_end], "nodes": list(w), "configs": list(st.nodes),
                             "tp": [coral_engine_tp(e.tp, spec) for e in engines if e.stage == s],
@@ -358,12 +373,16 @@ _Dumper.add_representer(str, _str)
 
 def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
     lines = [f"# Coral plan {plan.path} (scenario {plan.scenario.name}, {plan.method}): {inst.count} x "
-             f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}",
+             f"{inst.model} {inst.phase.value} in {inst.region} on {' + '.join(inst.nodes)}"
+             + (f" (spot, {inst.price_usd_per_h:.2f} $/h each)" if inst.spot else ""),
              "# stages: " + " | ".join(f"{'+'.join(s.nodes)}: layers {s.layer_start}-{s.layer_end - 1}"
                                        for s in inst.stages)]
     if inst.colocated:
         lines.append(f"# colocated: prefill and decode in one instance, chunked prefill of at most {inst.chunk_tokens} "
                      f"prompt tokens per step beside a decode batch of {inst.micro_batch}; no KV transfer")
+    if inst.spot:
+        lines.append(f"# SPOT: rent every machine here as a spot instance (the plan counted {inst.capacity_share:.0%} of "
+                     "its capacity); the cloud may take one with a notice (AWS: 2 minutes)")
     if inst.derived:
         lines.append(f"# WARNING: derived shape(s) {', '.join(inst.derived)}: {inst.region} does not sell them; "
                      "SkyPilot picks the nearest instance with these accelerators")
@@ -371,7 +390,8 @@ def _header(plan: PlanFile, inst: PlannedInstance, extra: list[str]) -> str:
 
 
 def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: DeploymentSecrets | None = None) -> Export:
-    """The control-plane task and one engine task YAML per (instance line, node configuration).
+    """The control-plane task and one engine task YAML per (instance line, node configuration), and for a
+    spot line per (instance line, replica, node configuration).
 
     Args:
         plan: the plan file.
@@ -391,8 +411,9 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
         + yaml.dump(_control_task(plan), Dumper=_Dumper, sort_keys=False, width=200))
     for inst in plan.instances:
         spec = next(m.spec for m in plan.scenario.models if m.name == inst.model)
-        for config in sorted(set(inst.nodes)):
-            task = _skypilot_task(plan, inst, config)
+        # a spot line: a task per replica (a managed job's recovery relaunches the whole task)
+        for config, replica in [(c, r) for c in sorted(set(inst.nodes)) for r in (range(inst.count) if inst.spot else [None])]:
+            task = _skypilot_task(plan, inst, config, replica)
             gpus = split_config_name(config)[0]
             extra = []
             for e in inst.engines():
@@ -405,7 +426,12 @@ def export_skypilot(plan: PlanFile, *, allow_derived: bool = False, secrets: Dep
             if per != [1]:
                 extra.append(f"# each {config} machine ({gpus} GPUs) runs {' or '.join(map(str, per))} engines, one per TP "
                              "group, each on its own GPUs")
-            files[f"{inst.name}-{config}.yaml"] = (_header(plan, inst, extra)
+            if inst.spot:
+                extra.append(f"# replica {replica} of {inst.count}; launch it with `sky jobs launch` (a managed job): "
+                             "resources.job_recovery relaunches its machines after a preemption (`sky launch` rents "
+                             "spot machines but does not relaunch them)")
+            part = "" if replica is None else f"-r{replica}"
+            files[f"{inst.name}{part}-{config}.yaml"] = (_header(plan, inst, extra)
                                                    + yaml.dump(task, Dumper=_Dumper, sort_keys=False, width=200))
     secrets = secrets or make_secrets()
     files[SKY_PROJECT_CONFIG] = _sky_project_config(secrets)
@@ -634,4 +660,4 @@ def write_export(export: Export, out: str | Path) -> list[Path]:
     return [Path(out) / n for n in export.files]
 
 
-__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "Export", "check_first_token_vllm", "control_cluster", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]
+__all__ = ["CONTROL_PLANE", "FORMATS", "REMOTE_API_KEY", "REMOTE_CURVE", "MARKER", "SPOT_RESOURCES", "Export", "check_first_token_vllm", "control_cluster", "check_out_folder", "export_grafana", "export_plan", "export_skypilot", "export_vllm", "vllm_command", "write_export"]

@@ -28,7 +28,11 @@ Spot preemption notice (:meth:`Controller.preempt`, ``POST /admin/preempt``): a 
 learns a spot node will be taken (AWS gives 2 minutes) names it; the instance on it stops taking
 new requests at once and finishes the ones it holds (a drain), and a replacement of the same
 shape starts at once; the model's new requests are held for it meanwhile where no other instance
-takes them. A request still on the node when it goes is resent like any other lost one.
+takes them. A request still on the node when it goes is resent like any other lost one. For a spot
+instance (issue 30) under a planner that re-plans around lost spot capacity (:class:`SpotAware`,
+:class:`coral.runtime.deploy.planner.PlanPlanner`), the notice is a loss of the instance's spot
+pools: the planner re-plans without them and the instances it starts replace the lost one
+(on-demand, or spot from a pool not lost) instead of a copy of the same spot shape.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
@@ -49,7 +53,7 @@ from coral.runtime.serving.coordinator import Coordinator
 from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.window import EpochObservation
 
-__all__ = ["Action", "Controller", "Demand", "Planner", "describe", "reconcile", "shape_key"]
+__all__ = ["Action", "Controller", "Demand", "Notice", "Planner", "SpotAware", "describe", "reconcile", "shape_key"]
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +63,21 @@ Demand = dict[str, dict[str, float]]
 Planner = Callable[[EpochObservation, tuple[InstanceSpec, ...]], Sequence[InstanceSpec]]
 
 
+@runtime_checkable
+class SpotAware(Protocol):
+    """A planner that re-plans around spot capacity a notice took (:meth:`Controller.preempt`)."""
+
+    def after_notice(self, lost: InstanceSpec, running: tuple[InstanceSpec, ...]) -> Sequence[InstanceSpec] | None:
+        """Mark the spot pools of `lost` (its region and node configurations) as down, and return the plan
+        to run without them (`running`: the instances left, the lost one drained); None: no re-plan (the
+        controller then starts a copy of `lost`)."""
+        ...
+
+
 def shape_key(spec: InstanceSpec) -> tuple[Any, ...]:
     """What makes two instances interchangeable: everything but the name."""
-    return (spec.model, spec.phase, spec.region, spec.throughput_tok_per_s, spec.stages, spec.seed, spec.weights_path)
+    return (spec.model, spec.phase, spec.region, spec.throughput_tok_per_s, spec.stages, spec.seed, spec.weights_path,
+            spec.spot)
 
 
 def describe(spec: InstanceSpec) -> str:
@@ -71,7 +87,7 @@ def describe(spec: InstanceSpec) -> str:
         nodes = "+".join(sorted(c for st in spec.stages for c in st.configs))
     else:
         nodes = "|".join(str(len(st.node_throughputs)) for st in spec.stages) + " node(s)"
-    return f"{spec.model}/{spec.phase}/{nodes} in {spec.region}"
+    return f"{spec.model}/{spec.phase}/{nodes} in {spec.region}" + (" (spot)" if spec.spot else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,6 +149,31 @@ def _fresh_name(spec: InstanceSpec, taken: set[str]) -> str:
         k += 1
         name = f"{base}-{k}"
     return name
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notice:
+    """What a spot preemption notice did: the instance drained and what was started for it."""
+
+    replaces: str  # the instance on the noticed node, now draining
+    started: tuple[Action, ...]  # the replacement(s) started (a copy of its shape, or the re-plan's)
+    drained: tuple[Action, ...] = ()  # others the re-plan drained
+    replanned: bool = False  # the planner re-planned around the lost spot pools
+
+    @property
+    def name(self) -> str:
+        """The first replacement's name ("" when the re-plan started none: the rest carries the load)."""
+        return self.started[0].name if self.started else ""
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``POST /admin/preempt`` answers: the instance draining, the replacement (the first started,
+        or null), and every instance started or drained, with what it runs and whether it is spot."""
+        def row(a: Action) -> dict[str, Any]:
+            return {"instance": a.name, "model": a.spec.model, "phase": getattr(a.spec.phase, "value", a.spec.phase),
+                    "region": a.spec.region, "spot": a.spec.spot, "runs": describe(a.spec)}
+
+        return {"draining": self.replaces, "replacement": self.name or None, "replanned": self.replanned,
+                "started": [row(a) for a in self.started], "drained": [row(a) for a in self.drained]}
 
 
 REPAIR_REASONS = ("failed", "degraded", "preempted")
@@ -382,13 +423,16 @@ class Controller:
             self._expect_replacements(now)
             return started
 
-    def preempt(self, node: str) -> Repair:
+    def preempt(self, node: str) -> Notice:
         """A spot preemption notice for ``node``: the instance on it (``node`` is the instance's name or
         one of its engine nodes, ``<instance>/<stage>/<k>``) takes no new request from now on and
-        finishes those it holds; a replacement of the same shape starts at once and takes its place.
+        finishes those it holds. Its replacement starts at once and takes its place: for a spot
+        instance under a :class:`SpotAware` planner, what the planner's re-plan without the lost spot
+        pools starts (on-demand, or spot from a pool not lost); otherwise a copy of its shape; none where
+        the provisioner cannot start engines (`--provisioner remote`: it only drains).
 
         Returns:
-            The replacement under way.
+            What was drained and started.
 
         Raises:
             CoralError: no running instance of that name (nothing is done).
@@ -408,13 +452,51 @@ class Controller:
                 self.running.pop(other, None)
                 self.starting.pop(other, None)
                 self.provisioner.stop_instance(other)
-            rep = self._start_repair(name, spec, "preempted", now)
+            notice: Notice | None = None
+            if not getattr(self.provisioner, "can_start_engines", True):
+                # engines are started elsewhere (`--provisioner remote`): nothing here can replace it; it drains
+                log.warning("controller: %s has a spot preemption notice; draining it (no engine can be started "
+                            "here: the plan's other instances carry its load)", name)
+                notice = Notice(replaces=name, started=())
+            else:
+                notice = self._replan_after_notice(name, spec, now)
+            if notice is None:
+                rep = self._start_repair(name, spec, "preempted", now)
+                notice = Notice(replaces=name, started=(Action(kind="start", name=rep.name, spec=rep.spec),))
+            # the model's requests are held for the replacement before the drain takes this one out of routing
+            self._expect_replacements(now)
             self.draining[name] = now
             if not self.coordinator.drain(name, "spot preemption notice"):  # not registered yet: nothing to drain
                 self.provisioner.stop_instance(name)
                 self.draining.pop(name, None)
-            self._expect_replacements(now)
-            return rep
+            return notice
+
+    def _replan_after_notice(self, name: str, spec: InstanceSpec, now: float) -> Notice | None:
+        """A spot instance's notice under a :class:`SpotAware` planner: its re-plan without the lost pools,
+        carried out; the started instances of the lost one's model replace it (the model's requests are held
+        for them). None: not spot, no such planner, or it did not re-plan."""
+        if not spec.spot or self.dry_run or not isinstance(self.planner, SpotAware):
+            return None  # a dry run starts nothing a re-plan asks for: it keeps the plan running with a copy
+        try:
+            desired = self.planner.after_notice(spec, tuple(self.running.values()))
+        except Exception:  # a failing planner: a copy of the shape, as without one
+            log.exception("controller: re-plan after the notice for %s failed; starting a copy of it", name)
+            return None
+        if desired is None:
+            return None
+        self.target = tuple(desired)
+        actions = self._reconcile()
+        started = tuple(a for a in actions if a.kind == "start")
+        for a in started:  # those of its model replace it (any phase: the re-plan may serve it colocated)
+            if a.spec.model == spec.model:
+                self.repairs[a.name] = Repair(name=a.name, replaces=name, reason="preempted", spec=a.spec, t_start=now)
+                key = (spec.model, "preempted")
+                self.repair_counts[key] = self.repair_counts.get(key, 0) + 1
+        log.warning("controller: %s has a spot preemption notice; the re-plan without its spot pools starts %s",
+                    name, ", ".join(f"{a.name} ({describe(a.spec)})" for a in started) or "nothing")
+        mine = sorted(started, key=lambda a: (a.spec.model != spec.model, a.spec.phase != spec.phase))
+        return Notice(replaces=name, started=tuple(mine), drained=tuple(a for a in actions if a.kind == "drain"),
+                      replanned=True)
 
     def _start_repair(self, name: str, spec: InstanceSpec, reason: str, now: float) -> Repair:
         new = _renamed(spec, _fresh_name(spec, self.taken))

@@ -116,7 +116,8 @@ def plan_instance_specs(plan: PlanFile, models: dict[str, Any]) -> list[Any]:
         for r in range(inst.count):
             specs.append(InstanceSpec(name=f"{inst.name}-r{r}", model=inst.model, phase=MIXED if inst.colocated else inst.phase,
                                       region=inst.region, throughput_tok_per_s=inst.throughput_tok_per_s,
-                                      stages=stages, seed=m.seed, weights_path=m.weights_path, chunk_tokens=inst.chunk_tokens))
+                                      stages=stages, seed=m.seed, weights_path=m.weights_path, chunk_tokens=inst.chunk_tokens,
+                                      spot=inst.spot))
     return specs
 
 

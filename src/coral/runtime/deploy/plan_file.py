@@ -15,6 +15,10 @@ from coral.scenario import Scenario, load_scenario
 
 # Bumped (in coral.allocator.plan) whenever a reader needs a field older files lack.
 PLAN_FILE_VERSION = PLAN_JSON_VERSION
+# The versions read: 3 (before spot capacity: every node on-demand) and 4 (`instances[].spot`,
+# `instances[].capacity_share`, `nodes[].spot`: spot nodes are their own rows).
+READ_VERSIONS = (3, 4)
+SPOT_VERSION = 4  # the first version whose instances say whether they are spot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +56,9 @@ class PlannedInstance:
     chunk_tokens: int | None = None
     decode_tok_per_s: float | None = None
     micro_batch: int = 0  # the template's micro-batch (a colocated one's decode batch); 0 = not given
+    # rented as spot (issue 30): its nodes may be taken with the cloud's notice; its price is the spot price
+    spot: bool = False
+    capacity_share: float = 1.0  # the share of its capacity the plan counted (spot: the survival discount)
 
     @property
     def colocated(self) -> bool:
@@ -66,6 +73,11 @@ class PlannedInstance:
     def key(self) -> str:
         """The template key `model/phase/node+node...` (what `Plan.counts` keys on)."""
         return f"{self.model}/{self.phase.value}/" + "+".join(self.nodes)
+
+    @property
+    def market(self) -> str:
+        """The market it is rented on: "spot" or "on-demand" (for headers and logs)."""
+        return "spot" if self.spot else "on-demand"
 
     @property
     def name(self) -> str:
@@ -83,22 +95,26 @@ class PlanFile:
     status: str
     cost_usd_per_h: float
     instances: tuple[PlannedInstance, ...]
-    nodes: dict[tuple[str, str], int]  # (region, config) -> nodes the plan rents
+    nodes: dict[tuple[str, str], int]  # (region, config) -> nodes the plan rents, spot and on-demand
     availability: str = "abundant"  # the availability mode it was planned under (`coral plan --availability`)
     demand_scale: float = 1.0  # `coral plan --demand-scale`
     engine: str = "coral"  # `coral plan --engine`: the templates it was restricted to
     # model -> where its first token is emitted ("prefill" / "decode", FIRST_TOKEN_MODES); a model the
     # file gives none for: "prefill" (the paper's runtime; plan files before the field)
     first_token: dict[str, str] = field(default_factory=dict)
+    spot_nodes: dict[tuple[str, str], int] = field(default_factory=dict)  # (region, config) -> those of `nodes` on spot
 
     def first_token_of(self, model: str) -> str:
         """Where `model`'s first token is emitted: "prefill" or "decode"."""
         return self.first_token.get(model, "prefill")
 
-    def nodes_of_instances(self) -> dict[tuple[str, str], int]:
-        """(region, config) -> nodes its instances use (equals `nodes` in a consistent file)."""
+    def nodes_of_instances(self, *, spot_only: bool = False) -> dict[tuple[str, str], int]:
+        """(region, config) -> nodes its instances use (equals `nodes` in a consistent file; with
+        `spot_only`, those of its spot instances, equal to `spot_nodes`)."""
         out: dict[tuple[str, str], int] = {}
         for i in self.instances:
+            if spot_only and not i.spot:
+                continue
             for c in i.nodes:
                 out[(i.region, c)] = out.get((i.region, c), 0) + i.count
         return out
@@ -123,7 +139,7 @@ def is_derived(scenario: Scenario, region: str, config: str) -> bool:
 
 
 def check_version(data: Any, path: str) -> None:
-    """Refuse anything but a JSON object of the current `plan_version`.
+    """Refuse anything but a JSON object of a `plan_version` this reader takes (:data:`READ_VERSIONS`).
 
     Raises:
         CoralError: naming the version found and the fix.
@@ -131,9 +147,9 @@ def check_version(data: Any, path: str) -> None:
     if not isinstance(data, dict):
         raise CoralError(f"{path}: not a plan file (expected a JSON object from `coral plan --out`)")
     version = data.get("plan_version")
-    if version != PLAN_FILE_VERSION:
+    if isinstance(version, bool) or version not in READ_VERSIONS:
         found = "no plan_version (an older Coral)" if version is None else f"plan_version {version!r}"
-        raise CoralError(f"{path}: {found}; this Coral reads plan_version {PLAN_FILE_VERSION}: "
+        raise CoralError(f"{path}: {found}; this Coral reads plan_version {' or '.join(map(str, READ_VERSIONS))}: "
                          "re-run `coral plan --out` to write a current plan file")
 
 
@@ -146,6 +162,7 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
             add up to the model's, node counts that disagree with the instances).
     """
     check_version(data, path)
+    has_spot = data["plan_version"] >= SPOT_VERSION
     name = _field(data, "scenario", path)
     if name != scenario.name:
         raise CoralError(f"{path}: field 'scenario' is {name!r}, but the scenario given is {scenario.name!r}; "
@@ -184,23 +201,53 @@ def parse_plan(data: Any, scenario: Scenario, path: str = "plan.json") -> PlanFi
             raise CoralError(f"{at}: field 'count' must be >= 1, got {count}")
         phase = _phase(raw, at)
         chunk, decode_tps = _colocated(raw, phase, at)
+        spot, share = _spot(raw, at) if has_spot else (False, 1.0)
         instances.append(PlannedInstance(
             index=k, model=model, phase=phase, region=region, count=count, nodes=nodes, chunk_tokens=chunk,
             decode_tok_per_s=decode_tps, micro_batch=int(raw.get("micro_batch") or 0),
             stages=tuple(stages), throughput_tok_per_s=float(_field(raw, "throughput_tok_per_s", at)),
             price_usd_per_h=float(_field(raw, "price_usd_per_h", at)),
-            derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)})), hosts=hosts))
-    nodes_used = {(n["region"], n["config"]): int(n["count"]) for n in _field(data, "nodes", path) if int(n["count"])}
+            derived=tuple(sorted({c for c in nodes if is_derived(scenario, region, c)})), hosts=hosts,
+            spot=spot, capacity_share=share))
+    nodes_used, spot_used = _node_rows(_field(data, "nodes", path), has_spot, path)
     plan = PlanFile(path=path, scenario=scenario, method=str(data.get("method", "")), status=str(data.get("status", "")),
                     cost_usd_per_h=float(_field(data, "cost_usd_per_h", path)), instances=tuple(instances),
                     nodes=nodes_used, availability=str(data.get("availability") or "abundant"),
                     demand_scale=float(data.get("demand_scale") or 1.0),
                     engine=str((data.get("engine_restriction") or {}).get("engine", "coral")),
-                    first_token=_first_token(data, set(models), path))
-    if plan.nodes_of_instances() != nodes_used:
+                    first_token=_first_token(data, set(models), path), spot_nodes=spot_used)
+    if plan.nodes_of_instances() != nodes_used or plan.nodes_of_instances(spot_only=True) != spot_used:
         raise CoralError(f"{path}: field 'nodes' does not match the nodes of its instances; the file was edited "
                          "or truncated: re-run `coral plan --out`")
     return plan
+
+
+def _spot(raw: dict[str, Any], at: str) -> tuple[bool, float]:
+    """A version-4 instance's `spot` flag (a boolean; absent: on-demand, as a hand-written line) and
+    `capacity_share` (in (0, 1]; 1 where absent)."""
+    spot = raw.get("spot", False)
+    if not isinstance(spot, bool):
+        raise CoralError(f"{at}: field 'spot' must be true or false, got {spot!r}; re-run `coral plan --out`")
+    share = raw.get("capacity_share", 1.0)
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise CoralError(f"{at}: field 'capacity_share' must be a number in (0, 1], got {share!r}; re-run `coral plan --out`")
+    return spot, float(share)
+
+
+def _node_rows(rows: Any, has_spot: bool, path: str) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]:
+    """The file's `nodes` rows: (region, config) -> nodes rented (spot and on-demand rows added up), and ->
+    those on spot (a version-4 row with `"spot": true`; none before version 4)."""
+    total: dict[tuple[str, str], int] = {}
+    spot: dict[tuple[str, str], int] = {}
+    for k, n in enumerate(rows):
+        count = int(_field(n, "count", f"{path}: nodes[{k}]"))
+        if not count:
+            continue
+        key = (n["region"], n["config"])
+        total[key] = total.get(key, 0) + count
+        if has_spot and n.get("spot") is True:
+            spot[key] = spot.get(key, 0) + count
+    return total, spot
 
 
 def _phase(raw: dict[str, Any], at: str) -> Phase:
@@ -303,5 +350,5 @@ def load_plan_file(path: str | Path, scenario: str | None = None) -> PlanFile:
     return parse_plan(data, load_scenario(name), str(p))
 
 
-__all__ = ["PLAN_FILE_VERSION", "PlanFile", "PlannedInstance", "PlannedStage", "check_version", "is_derived", "load_plan_file",
+__all__ = ["PLAN_FILE_VERSION", "READ_VERSIONS", "PlanFile", "PlannedInstance", "PlannedStage", "check_version", "is_derived", "load_plan_file",
            "parse_plan"]

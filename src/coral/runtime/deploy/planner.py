@@ -8,6 +8,10 @@ Two modes (both `planner: allocator` in the cluster file):
   recorded (:func:`coral.policy.demand.epoch_demand`: the queueing model on the last epoch's
   requests and on the scenario's traffic sample, scaled to the forecast rate), and maps the new
   plan back to runtime instances through :mod:`coral.runtime.deploy.mapping`, as `serve --plan` does.
+  A spot instance's preemption notice (issue 30) marks its (region, configuration) spot pools down
+  for the fitted recovery time (:meth:`PlanPlanner.after_notice`), and every re-plan until then
+  rents no spot node of those (`allocate(..., spot_down=...)`): the replacement is on-demand or
+  spot from a pool not lost (another configuration or region).
 - :class:`AllocatorPlanner` (a cluster file alone): the file's own instance shapes, each engine
   process one node of one local configuration, on the observed tokens/s over a target utilization.
 """
@@ -16,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +31,7 @@ from coral.allocator import Plan, allocate, allocate_inputs, tight_availability
 from coral.allocator.allocate import METHODS
 from coral.allocator.demand import Forecaster
 from coral.allocator.inputs import AllocationInputs
+from coral.allocator.spot import spot_region
 from coral.cache import default_cache_dir
 from coral.errors import CoralError
 from coral.perf.model import DEMAND_PHASES, Phase
@@ -36,7 +42,7 @@ from coral.runtime.deploy.mapping import plan_instance_specs
 from coral.runtime.deploy.plan_file import parse_plan
 from coral.runtime.deploy.vllm import nodes_of, vllm_templates
 from coral.runtime.serving.window import EpochObservation
-from coral.scenario import Scenario, with_demand_scale
+from coral.scenario import Scenario, with_demand_scale, with_spot
 from coral.solver import SolveOptions
 from coral.templates.library import build_library
 from coral.templates.planning import plan_inputs
@@ -158,12 +164,15 @@ class PlanPlanner:
     options: SolveOptions = dataclasses.field(default_factory=lambda: SolveOptions(time_limit_s=30.0))
     last_plan: Plan | None = None
     last_demand: dict[tuple[str, Phase], float] = dataclasses.field(default_factory=dict)
+    # (region, config) -> when its spot pool is back (`clock` seconds): lost to a notice, not rented until then
+    spot_down: dict[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
     @classmethod
     def from_plan(cls, plan: Any, models: Mapping[str, ServedModel], *, cache_dir: Any = None,
                   options: SolveOptions | None = None) -> PlanPlanner:
-        """The planner of a served plan file: its scenario (at its `--demand-scale`), library (restricted
-        as its `--engine`), availability mode and method.
+        """The planner of a served plan file: its scenario (at its `--demand-scale`, with spot on where the
+        plan rents spot), library (restricted as its `--engine`), availability mode and method.
 
         Args:
             plan: a `coral.runtime.deploy.plan_file.PlanFile`.
@@ -177,6 +186,8 @@ class PlanPlanner:
         if plan.method not in METHODS:
             raise CoralError(f"{plan.path}: method {plan.method!r} cannot re-plan live; valid: {', '.join(METHODS)}")
         scenario = with_demand_scale(plan.scenario, plan.demand_scale)
+        if any(i.spot for i in plan.instances) and not scenario.spot:
+            scenario = with_spot(scenario)  # a plan made with `coral plan --spot` re-plans with spot on too
         full = build_library(scenario, cache_dir=cache_dir or default_cache_dir())
         library = full
         if plan.engine == "vllm":
@@ -199,11 +210,60 @@ class PlanPlanner:
         return {g: max(FLOOR_TOK_PER_S, v) for g, v in self.epoch_demand(seen).items()}
 
     def __call__(self, seen: EpochObservation, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
-        want = self.capacity(seen)
+        return self._plan(self.capacity(seen), running)
+
+    def pools_down(self) -> frozenset[tuple[str, str]]:
+        """The (region, config) spot pools lost to a notice and not back yet (those back are forgotten)."""
+        now = self.clock()
+        for pool in [p for p, back in self.spot_down.items() if back <= now]:
+            del self.spot_down[pool]
+            log.info("live planner: spot pool %s / %s is back", *pool)
+        return frozenset(self.spot_down)
+
+    def spot_lost(self, region: str, configs: Sequence[str]) -> None:
+        """Mark `region`'s spot pools of `configs` down: for the scenario's fitted recovery time (its spot
+        process's `recovery_s`), at least one epoch (the next re-plan still sees it lost)."""
+        now = self.clock()
+        for c in configs:
+            offer = self.scenario.spot.get((region, c))
+            hold_s = max(offer.process.recovery_s if offer is not None else 0.0, float(self.scenario.planner.epoch_s))
+            self.spot_down[(region, c)] = max(self.spot_down.get((region, c), 0.0), now + hold_s)
+
+    def spot_back(self, region: str | None = None, config: str | None = None) -> None:
+        """Forget lost spot pools now (all, or those of `region` and / or `config`): told the capacity is back."""
+        for r, c in list(self.spot_down):
+            if region in (None, r) and config in (None, c):
+                del self.spot_down[(r, c)]
+
+    def after_notice(self, lost: InstanceSpec, running: tuple[InstanceSpec, ...]) -> list[InstanceSpec] | None:
+        """A spot instance's preemption notice (`Controller.preempt`): its spot pools are down
+        (:meth:`spot_lost`), and the plan without them on the last epoch's demand (before the first epoch:
+        the scenario's own traffic), `running` (the instances left) as `prev`. None for an instance that is
+        not spot or that the plan did not place (no node configurations).
+        """
+        key = template_key(lost)
+        if not lost.spot or key is None:
+            return None
+        self.spot_lost(lost.region, sorted(set(key.split("/", 2)[2].split("+"))))
+        want = self.last_demand or self._scenario_demand()
+        log.warning("live planner: spot notice for %s: re-planning without the spot pools %s", lost.name,
+                    ", ".join(f"{r} / {c}" for r, c in sorted(self.pools_down())))
+        return self._plan(want, running)
+
+    def _scenario_demand(self) -> dict[tuple[str, Phase], float]:
+        """The capacity an epoch of the scenario's own traffic asks for (a forecaster of its own: the live one
+        is not moved)."""
+        seen = traffic_observation(self.scenario)
+        demand = epoch_demand(self.scenario, seen.window, epoch_forecaster(self.scenario), self.sizing_library)
+        return {g: max(FLOOR_TOK_PER_S, v) for g, v in demand.items()}
+
+    def _plan(self, want: dict[tuple[str, Phase], float], running: tuple[InstanceSpec, ...]) -> list[InstanceSpec]:
         rows: dict[tuple[str, Phase | str], float] = {g: v for g, v in want.items()}
-        prev = Counter((s.region, k) for s in running if (k := template_key(s)) is not None)
+        # a running spot instance is counted in its region's spot market (`Plan.counts()` keys it so)
+        prev = Counter((spot_region(s.region) if s.spot else s.region, k) for s in running
+                       if (k := template_key(s)) is not None)
         plan = allocate(self.scenario, self.library, method=self.method, demand=rows, availability=self.availability,
-                        prev=dict(prev), options=self.options)
+                        prev=dict(prev), options=self.options, spot_down=self.pools_down())
         self.last_plan, self.last_demand = plan, want
         if not plan.instances:
             log.warning("live planner: the re-plan has no instance (%s); keeping the running plan", "; ".join(plan.notes))

@@ -13,7 +13,7 @@ from coral.runtime.serving.coordinator import RequestError
 from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.responses import json_response
 
-__all__ = ["AdminAction", "AdminRepair", "PlanAdmin", "add_admin_routes"]
+__all__ = ["AdminAction", "AdminNotice", "PlanAdmin", "add_admin_routes"]
 
 
 class AdminAction(Protocol):
@@ -26,14 +26,20 @@ class AdminAction(Protocol):
     def name(self) -> str: ...
 
 
-class AdminRepair(Protocol):
-    """A replacement a notice started: its name and the instance it replaces."""
+class AdminNotice(Protocol):
+    """What a spot notice did: the instance it drains and what was started in its place."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The (first) replacement's name; "" when none was started."""
+        ...
 
     @property
     def replaces(self) -> str: ...
+
+    def to_json(self) -> dict[str, Any]:
+        """The answer's body: ``draining``, ``replacement``, and every instance ``started`` and ``drained``."""
+        ...
 
 
 class PlanAdmin(Protocol):
@@ -52,9 +58,10 @@ class PlanAdmin(Protocol):
         """
         ...
 
-    def preempt(self, node: str) -> AdminRepair:
+    def preempt(self, node: str) -> AdminNotice:
         """A spot preemption notice for ``node`` (an instance name or ``<instance>/<stage>/<k>``): drain
-        its instance now (running requests finish) and start a replacement of the same shape.
+        its instance now (running requests finish) and start its replacement (a copy of its shape, or,
+        for a spot instance, what the live planner's re-plan without its spot pools starts).
 
         Raises:
             CoralError: no running instance of that name (the answer is a 404).
@@ -103,4 +110,4 @@ def add_admin_routes(app: FastAPI, admin: PlanAdmin | None) -> None:
             rep = ctl.preempt(node)
         except CoralError as e:
             raise RequestError(404, str(e), "node") from None
-        return json_response({"draining": rep.replaces, "replacement": rep.name})
+        return json_response(rep.to_json())
