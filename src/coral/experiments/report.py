@@ -380,9 +380,11 @@ def _spot_section(result: Mapping[str, Any], setup: str, fig_dir: Path, rel: str
     ref = cases["on-demand"]["coral"]["cost_usd_per_h"]
     rows = [_spot_row(case, m, r, ref) for case, methods in cases.items() for m, r in methods.items()]
     out.append("Each case simulates the same traffic; with spot on, preemptions are drawn from the fitted "
-               "process of each region (times the case's multiplier), the cloud's notice drains the instance "
-               "and re-plans at once (the pool stays down until its capacity is back), the loss re-queues what "
-               "ran on it. *vs on-demand* is sim $/h against on-demand Coral's.\n\n"
+               "process of each region (times the case's multiplier); at the cloud's notice the plan is re-made "
+               "at once around the pools that are down (until their capacity is back), the noticed instance "
+               "serves until its replacement is ready and then drains, and the loss re-queues what is still on "
+               "it. *vs on-demand* is sim $/h against on-demand Coral's; *worst model-epoch* the lowest "
+               "attainment of any model in any epoch.\n\n"
                + table(["case", "method", "sim $/h", "vs on-demand", "spot share of $", "worst model (run)",
                         "worst model-epoch", "notices", "instances / nodes lost", "requests re-queued / failed"],
                        rows))
