@@ -79,7 +79,8 @@ def allocate(scenario: Scenario, library: TemplateLibrary, *, method: str = "cor
         mode: "auto" (disaggregated or colocated, the cheaper per model), "disagg" or
             "colocated" (every model so); the baselines always plan disaggregated.
         spot_down: (region, config) spot pools that cannot be had now (a preemption took them
-            and the capacity is not back): the plan rents no spot node there. Spot offers come
+            and the capacity is not back): no spot instance using one starts; those running there
+            (`prev`) may stay. Spot offers come
             from the scenario (`regions[].spot`); with none, nothing about spot changes.
 
     Returns:
@@ -115,7 +116,8 @@ def allocate_inputs(inputs: AllocationInputs, *, method: str = "coral", prev: Pr
     else:
         cols = build_columns(inputs)
     nu_prev = prev_counts(inputs, cols, prev_d)
-    nu = cauchy(inputs, cols) if method == "cauchy" else greedy_per_group(inputs, cols)
+    limit = cols.start_limit(nu_prev)
+    nu = cauchy(inputs, cols, limit) if method == "cauchy" else greedy_per_group(inputs, cols, limit)
     plan = build_plan(inputs, cols, nu, nu_prev, method=method, status=Status.FEASIBLE,
                       solve_s=time.perf_counter() - start, gap=None)
     short = [f"{d.model}/{d.phase.value} {d.served_fraction:.3g}" for d in plan.demand if d.served_fraction < 1]
@@ -175,7 +177,7 @@ def _coral_plan(inputs: AllocationInputs, prev_d: dict[tuple[str, str], int] | N
     if isinstance(got, Allocated):
         return got.plan
     # no incumbent at all: fall back to the greedy heuristic, keeping the solver's verdict
-    nu = greedy_per_group(inputs, cols)
+    nu = greedy_per_group(inputs, cols, cols.start_limit(nu_prev))
     return build_plan(inputs, cols, nu, nu_prev, method=method, status=got.status,
                       solve_s=time.perf_counter() - start, gap=None,
                       notes=(*got.notes, "fallback: template-greedy plan"))

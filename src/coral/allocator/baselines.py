@@ -55,7 +55,7 @@ def _uncapped(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     return ok
 
 
-def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
+def greedy_per_group(inputs: AllocationInputs, cols: Columns, limit: np.ndarray | None = None) -> np.ndarray:
     """`homo` / `template-greedy`: per (model, phase) in the scenario's order, in isolation,
     repeatedly provision the column (region, template) with the most *useful* throughput per $,
     `min(Θ, remaining demand) / price`, until the demand is met; columns whose nodes ran out are
@@ -64,6 +64,9 @@ def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     While the remaining demand exceeds every column's throughput this is "most throughput per $
     first" (the paper's rule); near the end it prefers a smaller replica over a large one that
     would mostly idle, which keeps the baselines from over-provisioning by a whole big template.
+
+    `limit`: the most instances per column (`Columns.start_limit`: no new start in a spot pool
+    that is down); None: no limit.
 
     Returns:
         instances per column (a new array; `cols` is not modified).
@@ -80,6 +83,8 @@ def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
         cand = cand[np.lexsort((cols.col_t[cand], cols.col_r[cand], -theta[cand]))]
         while need > _TOL * cols.demand[gi] and cand.size:
             fits = _fits_all(cols, cand, rem)
+            if limit is not None:
+                fits = np.minimum(fits, limit[cand] - nu[cand])
             cand = cand[fits >= 1]
             fits = fits[fits >= 1]
             if cand.size == 0:
@@ -96,7 +101,7 @@ def greedy_per_group(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     return nu
 
 
-def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
+def cauchy(inputs: AllocationInputs, cols: Columns, limit: np.ndarray | None = None) -> np.ndarray:
     """`cauchy`, adapted as in the paper (§6.1): homogeneous single-node replicas per phase.
 
     Cauchy picks, per phase, the GPU configuration with the best cost-efficiency (throughput
@@ -113,7 +118,9 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
 
     When one phase is already covered the other is served by lone replicas of its best
     column; when no combo fits anywhere the model stays short (α < 1). `cols` must hold the
-    single-node columns only. Returns instances per column.
+    single-node columns only. `limit`: as for `greedy_per_group`; Cauchy plans from scratch, so
+    it skips every column with a limit (a spot pool that is down) rather than keep what runs
+    there. Returns instances per column.
     """
     rem = cols.avail.copy()
     nu = np.zeros(cols.num_cols, dtype=np.int64)
@@ -123,6 +130,8 @@ def cauchy(inputs: AllocationInputs, cols: Columns) -> np.ndarray:
     gidx = {g: i for i, g in enumerate(cols.groups)}
     R = len(inputs.regions)
     ok = _uncapped(inputs, cols)
+    if limit is not None:
+        ok &= ~np.isfinite(limit)
     for m in inputs.models:
         gp, gd = gidx.get((m, Phase.PREFILL)), gidx.get((m, Phase.DECODE))
         need = {gi: float(cols.demand[gi]) for gi in (gp, gd) if gi is not None}

@@ -101,7 +101,9 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
              more than the drain overlap and the start-up together, which keeps re-planning from
              churning instances for a marginally cheaper mix;
         (C5) spot share cap: `Σ_{j∈g, r_j = r} s_j·Θ_j·ν_j ≤ cap_{r,m}·D_g` for every spot market
-             `r` and group `g` of a model `m` whose cap there is below 1 (`coral.allocator.spot_caps`).
+             `r` and group `g` of a model `m` whose cap there is below 1 (`coral.allocator.spot_caps`);
+        (C6) no start in a spot pool that is down: `ν_j ≤ ν^prev_j` for a spot column using a
+             pool a preemption took (`AllocationInputs.spot_down`; a bound on the column).
         A spot market's columns count `s_j·Θ_j` in (C2) and (C5), `s_j` the survival discount of
         their template's node count (`coral.allocator.spot`); on-demand columns have `s_j = 1`.
 
@@ -127,7 +129,7 @@ def formulate(inputs: AllocationInputs, cols: Columns, nu_prev: np.ndarray, *, m
     cross_theta = cols.col_cross_theta()[both]
     if both.size:
         need[both] = np.maximum(need[both], np.ceil(cols.demand[cross[both]] / cross_theta - 1e-9))
-    ub = np.minimum(cols.ub, np.maximum(need, 0.0))
+    ub = np.minimum(np.minimum(cols.ub, np.maximum(need, 0.0)), cols.start_limit(nu_prev))
 
     running = np.flatnonzero(nu_prev > 0) if mode == "cost" else np.zeros(0, dtype=np.int64)
     k = running.shape[0]

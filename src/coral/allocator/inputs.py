@@ -61,6 +61,9 @@ class AllocationInputs:
     # `spot_share_cap` each model's cap there, (spot market, model) -> share (only caps below 1).
     spot: Mapping[str, SpotProcess] | None = None
     spot_share_cap: Mapping[tuple[str, str], float] | None = None
+    # (spot market, config) pools a preemption took and that are not back: no spot instance using
+    # one may start (a column's count stays at most its running count); what runs there stays
+    spot_down: frozenset[tuple[str, str]] = frozenset()
 
     def __post_init__(self) -> None:
         for m in (self.mode, *(self.model_modes or {}).values()):
@@ -154,7 +157,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
             the SLO, quoted when a model has no template.
         mode: one of `MODES`: which template kinds the allocation may use.
         spot_down: (region, config) spot pools that cannot be had now (lost to a preemption and
-            not back yet): their spot market gets no node.
+            not back yet): no spot instance using one may start; the running ones stay.
 
     Raises:
         CoralError: a negative / NaN / infinite demand, price or availability (naming the
@@ -169,9 +172,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     spot_markets, processes, caps = add_spot_markets(scenario, regions, prices)
 
     avail = _availability(scenario, prices, regions + spot_markets, configs, availability, unbounded)
-    for r, c in spot_down:
-        if (spot_region(r), c) in avail:
-            avail[(spot_region(r), c)] = 0
+    down = frozenset((spot_region(r), c) for r, c in spot_down if (spot_region(r), c) in prices)
 
     dem: dict[Group, float] = {}
     slo: dict[Group, float] = {}
@@ -208,6 +209,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
     notes = {st.model: st.notes for st in library.stats if st.phase is Phase.COLOCATED}
     return AllocationInputs(mode=mode, colocated_notes=notes, models=models, regions=regions + spot_markets,
                             configs=configs, prices=prices, availability=avail, spot=processes, spot_share_cap=caps,
+                            spot_down=down,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
                             epoch_s=float(scenario.planner.epoch_s),
@@ -274,6 +276,7 @@ class Columns:
     spot_share: np.ndarray | None = None
     nodes_of: np.ndarray | None = None
     market_spot: np.ndarray | None = None  # per region (market): a spot market (None: none is)
+    down_rc: np.ndarray | None = None  # (R, C): a spot pool that is down (`AllocationInputs.spot_down`)
 
     @property
     def num_cols(self) -> int:
@@ -297,6 +300,17 @@ class Columns:
             return np.zeros(self.num_cols)
         theta = self.cross_throughput[self.col_t]
         return theta if self.spot_share is None else theta * self.col_share()
+
+    def col_no_start(self) -> np.ndarray:
+        """Per column, whether no new instance of it may start: it uses a spot pool that is down."""
+        if self.down_rc is None:
+            return np.zeros(self.num_cols, dtype=bool)
+        return np.any((self.usage[self.col_t] > 0) & self.down_rc[self.col_r], axis=1)
+
+    def start_limit(self, nu_prev: np.ndarray) -> np.ndarray:
+        """Per column, the most instances a plan may have for lack of new starts: `ν^prev` where
+        it uses a spot pool that is down, else unbounded."""
+        return np.where(self.col_no_start(), nu_prev, np.inf)
 
     def col_spot(self) -> np.ndarray:
         """Per column, whether it rents spot nodes."""
@@ -503,6 +517,12 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
         nodes_of = lay.usage.sum(axis=1, dtype=np.int64)
         extra.update(spot_share=share_table(processes, int(nodes_of.max(initial=1)), inputs.epoch_s, inputs.init_s),
                      nodes_of=nodes_of, market_spot=np.array([p is not None for p in processes], dtype=bool))
+    if inputs.spot_down:
+        r_of, c_of = {r: i for i, r in enumerate(inputs.regions)}, {c: i for i, c in enumerate(inputs.configs)}
+        down_rc = np.zeros((len(inputs.regions), len(inputs.configs)), dtype=bool)
+        for r, c in inputs.spot_down:
+            down_rc[r_of[r], c_of[c]] = True
+        extra["down_rc"] = down_rc
     market = (id(lay), price_rc.tobytes(), avail.tobytes(), allowed.tobytes())
     hit = _MARKETS.get(market)
     if hit is not None and hit[0] is lay:  # same library, prices, availability and regions: same columns

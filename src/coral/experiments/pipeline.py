@@ -68,18 +68,14 @@ def prepare(scenario: Scenario, *, availability: str = "abundant", jobs: int = 1
 
 def plan(setup: Setup, method: str = "coral", *, demand: Mapping[tuple[str, Phase | str], float] | None = None,
          prev: Any = None, options: SolveOptions | None = None, mode: str = "auto",
-         spot_down: Collection[tuple[str, str]] = (), spot_held: Mapping[tuple[str, str], int] | None = None) -> Plan:
+         spot_down: Collection[tuple[str, str]] = ()) -> Plan:
     """Allocate with `method` under the setup's availability (`mode`: `coral.allocator.inputs.MODES`).
 
-    `spot_down`: (region, configuration) spot pools where no new node can be had. A pool in it
-    where `spot_held` counts running nodes keeps those (its spot market's availability is what
-    is held: a pool that is down rents nothing new, but what a run holds stays until it is
-    preempted); the others get no spot node (the allocator's `spot_down`)."""
-    held = spot_held or {}
-    keep = {(spot_region(r), c): held[(r, c)] for r, c in spot_down if held.get((r, c), 0) > 0}
-    avail = {**setup.availability, **keep} if keep else setup.availability
-    return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=avail,
-                    prev=prev, options=options, mode=mode, spot_down=[k for k in spot_down if not held.get(k, 0)])
+    `spot_down`: (region, configuration) spot pools where no new node can be had: no spot
+    instance using one starts, the running ones (`prev`) stay until they are preempted (the
+    allocator's `spot_down`)."""
+    return allocate(setup.scenario, setup.library, method=method, demand=demand, availability=setup.availability,
+                    prev=prev, options=options, mode=mode, spot_down=spot_down)
 
 
 def plan_specs(p: Plan) -> list[InstanceSpec]:
@@ -91,11 +87,6 @@ def prev_counts(running: list[InstanceSpec]) -> dict[tuple[str, str], int]:
     """The running instances as the allocator's `prev`: (region, template key) -> count, a spot
     instance under its region's spot market (`coral.allocator.spot.spot_region`), as `Plan.counts` does."""
     return dict(Counter((spot_region(s.region) if s.spot else s.region, s.template.key) for s in running))
-
-
-def spot_nodes_held(running: list[InstanceSpec]) -> dict[tuple[str, str], int]:
-    """Spot nodes the running instances hold, per (region, configuration)."""
-    return dict(Counter((s.region, c) for s in running if s.spot for c in s.template.nodes))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -111,8 +102,8 @@ class EpochReplanner:
     """The simulator's re-planner: every epoch, the demand of `coral.policy.demand.epoch_demand` on the
     requests that arrived in it (the live planner's too), solved with the running plan as `prev`.
 
-    With a spot market, it plans around the spot pools that are down now (no new node there;
-    what the running instances hold there stays, `plan`'s `spot_held`), and the
+    With a spot market, it plans around the spot pools that are down now (no new start there;
+    what runs there stays), and the
     simulator also calls it at every preemption notice (`market.notice_at` set): that re-plan
     solves the last plan's demand again (the scenario's nominal one before the first boundary)
     for the running instances without the noticed ones, so the lost capacity is replaced at
@@ -133,13 +124,13 @@ class EpochReplanner:
         if self.market is not None and self.market.notice_at is not None:
             last = self.demands[-1] if self.demands else None
             new = plan(self.setup, self.method, demand=last, prev=prev_counts(running), options=self.options,
-                       spot_down=down, spot_held=spot_nodes_held(running))
+                       spot_down=down)
             self.notice_plans.append(new)
             return plan_specs(new)
         demand: dict[tuple[str, Phase | str], float] = {
             g: v for g, v in epoch_demand(self.setup.scenario, window, self.forecast, self.setup.library).items()}
         new = plan(self.setup, self.method, demand=demand, prev=prev_counts(running), options=self.options,
-                   spot_down=down, spot_held=spot_nodes_held(running))
+                   spot_down=down)
         self.demands.append(demand)
         self.plans.append(new)
         return plan_specs(new)

@@ -75,6 +75,19 @@ def test_a_pool_that_is_down_falls_back_to_on_demand():
     assert pytest.approx(3.0) == plan.cost_usd_per_h
 
 
+def test_a_down_pool_keeps_what_runs_there_and_starts_nothing():
+    """Two spot instances run in r1's pool A when it goes down. 250 tok/s still needs 284.4 tok/s of
+    spot or 300 of on-demand: the two keep running (189.6 tok/s) and one on-demand instance is
+    added (100 tok/s), 0.60 + 1.00 = 1.60 $/h; no third spot instance starts there. Homo too."""
+    sc = _spot_scenario()
+    demand = demand_of({("m", P): 250.0}, ["m"])
+    prev = {("r1#spot", "m/prefill/A"): 2}
+    for method in ("coral", "homo"):
+        plan = allocate(sc, LIB, demand=demand, prev=prev, spot_down=[("r1", "A")], method=method)
+        assert [("r1", False, 1), ("r1", True, 2)] == _counts(plan), method
+        assert pytest.approx(1.6) == plan.cost_usd_per_h
+
+
 def test_plan_json_and_prev_mark_spot():
     plan = _plan(_spot_scenario(), 250.0)
     doc = plan.to_json()

@@ -10,8 +10,9 @@ Two modes (both `planner: allocator` in the cluster file):
   plan back to runtime instances through :mod:`coral.runtime.deploy.mapping`, as `serve --plan` does.
   A spot instance's preemption notice (issue 30) marks its (region, configuration) spot pools down
   for the fitted recovery time (:meth:`PlanPlanner.after_notice`), and every re-plan until then
-  rents no spot node of those (`allocate(..., spot_down=...)`): the replacement is on-demand or
-  spot from a pool not lost (another configuration or region).
+  starts no spot instance in those (`allocate(..., spot_down=...)`; the spot instances still running
+  there stay): the replacement is on-demand or spot from a pool not lost (another configuration or
+  region).
 - :class:`AllocatorPlanner` (a cluster file alone): the file's own instance shapes, each engine
   process one node of one local configuration, on the observed tokens/s over a target utilization.
 """
