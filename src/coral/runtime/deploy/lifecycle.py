@@ -79,8 +79,9 @@ class SpotAware(Protocol):
 
     def after_notice(self, lost: InstanceSpec, running: tuple[InstanceSpec, ...]) -> Sequence[InstanceSpec] | None:
         """Mark the spot pools of `lost` (its region and node configurations) as down, and return the plan
-        to run without them (`running`: the instances left, the lost one drained); None: no re-plan (the
-        controller then starts a copy of `lost`)."""
+        to run without them (`running`: the instances left, the lost one not among them: it serves only until
+        the instances the re-plan starts for its model do); None: no re-plan (the controller then starts a
+        copy of `lost`)."""
         ...
 
 
