@@ -485,7 +485,7 @@ class Controller:
             if waiting or lost:
                 if now < n.drain_at:
                     continue
-                why = f"spot preemption notice: its node goes in {self.notice_margin_s:.0f} s"
+                why = f"spot preemption notice: its node goes in {max(0.0, n.drain_at + self.notice_margin_s - now):.0f} s"
             else:
                 why = "spot preemption notice: replaced"
             del self.noticed[name]
