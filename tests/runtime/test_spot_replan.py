@@ -1,18 +1,15 @@
 """A spot instance's preemption notice under a spot-aware planner (issue 30), on real processes (127.0.0.1), under
 load from the official `openai` client: the planner is told which spot instance was lost and re-plans without its
 pools; what it starts replaces the lost instance (here an on-demand copy in another region, as a re-plan with the
-region's spot pool down would), `POST /admin/preempt` reports it, and every request sent is completed or cleanly
-refused (a retryable 503 / 429): no hang, no 500, nothing cut. An on-demand instance's notice still starts a copy
-of its shape, without asking the planner."""
+region's spot pool down would), `POST /admin/preempt` reports it, the noticed instance serves until that one does
+(make before break: no request waits for it), and every request sent is completed or cleanly refused (a retryable
+503 / 429): no hang, no 500, nothing cut. An on-demand instance's notice still starts a copy of its shape, without
+asking the planner."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-import signal
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +20,7 @@ from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.lifecycle import SpotAware
 
 from .conftest import deployment, http, wait_until
+from .test_spot_notice import SlowStart, kill, routed, state
 
 openai = pytest.importorskip("openai")
 
@@ -36,8 +34,8 @@ CLUSTER = {
     ],
 }  # fmt: skip
 
-NOTICE_S = 2.0  # the notice's lead time here (AWS gives 120 s); the node goes after it
 MAX_TOKENS = 16
+INIT_S = 3.0  # the replacement's boot (AWS: minutes)
 
 
 @dataclass
@@ -120,7 +118,10 @@ def planner() -> OffSpot:
 
 @pytest.fixture(scope="module")
 def dep(planner: OffSpot) -> Iterator[Deployment]:
-    yield from deployment(CLUSTER, planner=planner)
+    prov = SlowStart()
+    for d in deployment(CLUSTER, planner=planner, provisioner=prov):
+        prov.init_s = INIT_S  # the first plan started at once; what starts from now on boots first
+        yield d
 
 
 def test_a_spot_notice_replans_off_the_lost_pool_under_load_and_loses_nothing(dep: Deployment, planner: OffSpot) -> None:
@@ -128,21 +129,25 @@ def test_a_spot_notice_replans_off_the_lost_pool_under_load_and_loses_nothing(de
     assert coord is not None and ctl is not None and isinstance(planner, SpotAware)
     with Streams(dep.url) as load:
         assert wait_until(lambda: load.completed >= 4, 60)
-        pids = prov.pids("dec")
-        status, body = http("POST", dep.url + "/admin/preempt", {"node": "dec/0/0"})
+        pids, held = prov.pids("dec"), coord.held_requests
+        status, body = http("POST", dep.url + "/admin/preempt", {"node": "dec/0/0"})  # AWS's 120 s: the default
         assert 200 == status, body
-        t_notice = time.monotonic()
+        at_notice = routed(coord, "dec")
         assert ["dec"] == planner.lost  # the planner was told which spot instance went
         # the re-plan's on-demand instance in r2 replaces it, and the answer says so
-        assert {"draining": "dec", "replacement": "dec-od", "replanned": True, "drained": []} == {
-            k: body[k] for k in ("draining", "replacement", "replanned", "drained")}
+        assert {"noticed": "dec", "replacement": "dec-od", "replanned": True, "drained": []} == {
+            k: body[k] for k in ("noticed", "replacement", "replanned", "drained")}
+        assert 100 < body["drain_by_s"] <= 110  # it drains 10 s before the node goes, at the latest
         assert [("dec-od", "r2", False)] == [(s["instance"], s["region"], s["spot"]) for s in body["started"]]
         assert "dec" not in ctl.running and (ctl.running["dec-od"].region, ctl.running["dec-od"].spot) == ("r2", False)
-        assert wait_until(lambda: "dec-od" in coord.instances, 60), "the replacement never registered"
-        time.sleep(max(0.0, NOTICE_S - (time.monotonic() - t_notice)))
-        for pid in pids.values():  # the node goes at the end of the notice
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert "active" == state(coord, "dec")  # it still serves while dec-od boots
+        seen = [at_notice]
+        assert wait_until(lambda: seen.append(routed(coord, "dec")) or "dec-od" in coord.instances, 60), \
+            "the replacement never registered"
+        assert at_notice is not None and max(r for r in seen if r is not None) > at_notice, seen
+        assert held == coord.held_requests  # no request waited for the replacement
+        assert wait_until(lambda: state(coord, "dec") in ("draining", "gone"), 30), "it did not drain once replaced"
+        kill(pids)  # the node goes
         n = load.completed
         assert wait_until(lambda: load.completed >= n + 4, 60), "the model stopped serving after the notice"
         assert wait_until(lambda: not ctl.repairs, 30), ctl.repairs
@@ -161,8 +166,9 @@ def test_an_on_demand_notice_starts_a_copy_without_asking_the_planner(dep: Deplo
     status, body = http("POST", dep.url + "/admin/preempt", {"node": "pre"})
     assert 200 == status, body
     assert asked == planner.lost  # not spot: no pool was lost, nothing to re-plan
-    assert (False, "pre") == (body["replanned"], body["draining"])
+    assert (False, "pre", True) == (body["replanned"], body["noticed"], body["drain_by_s"] > 0)
     new = body["replacement"]
     spec = ctl.running[new]
     assert ("llama", "prefill", "r1", False, 2) == (spec.model, spec.phase, spec.region, spec.spot, len(spec.stages))
     assert wait_until(lambda: not ctl.repairs, 60), ctl.repairs
+    assert wait_until(lambda: "pre" not in ctl.noticed, 30)  # replaced: it drains

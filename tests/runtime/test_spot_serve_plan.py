@@ -42,7 +42,7 @@ def test_a_notice_in_a_served_spot_plan_replans_off_the_lost_pool(tmp_path: Path
         lost = spot[0]
         status, body = http("POST", dep.url + "/admin/preempt", {"node": lost.name}, timeout_s=120)
         assert 200 == status, body
-        assert (lost.name, True) == (body["draining"], body["replanned"])
+        assert (lost.name, True) == (body["noticed"], body["replanned"])
         down = _pools(lost)
         assert down == planner.pools_down()
         started = {s["instance"] for s in body["started"]}

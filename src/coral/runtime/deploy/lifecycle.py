@@ -10,9 +10,9 @@ allocator`` in the cluster file); without a planner the last plan pushed
 (:meth:`Controller.apply_plan`, ``POST /admin/plan``) is kept, which still replaces lost
 capacity each epoch.
 
-:func:`reconcile` is pure: instances are matched by *shape* (everything but the name),
-surplus running instances are drained lowest load first, and missing ones are started
-under fresh names. The controller carries the actions out: a started instance loads its
+:func:`~coral.runtime.deploy.actions.reconcile` is pure: instances are matched by *shape*
+(everything but the name), surplus running instances are drained lowest load first, and missing
+ones are started under fresh names. The controller carries the actions out: a started instance loads its
 layers, registers and only then takes traffic; a drained one takes no new request,
 finishes the ones it holds, then exits.
 
@@ -25,21 +25,29 @@ a replacement of the same shape is started beside it, and once that one takes tr
 degraded one is drained (it finishes what it holds).
 
 Spot preemption notice (:meth:`Controller.preempt`, ``POST /admin/preempt``): a provisioner that
-learns a spot node will be taken (AWS gives 2 minutes) names it; the instance on it stops taking
-new requests at once and finishes the ones it holds (a drain), and a replacement of the same
-shape starts at once; the model's new requests are held for it meanwhile where no other instance
-takes them. A request still on the node when it goes is resent like any other lost one. For a spot
-instance (issue 30) under a planner that re-plans around lost spot capacity (:class:`SpotAware`,
-:class:`coral.runtime.deploy.planner.PlanPlanner`), the notice is a loss of the instance's spot
-pools: the planner re-plans without them and the instances it starts replace the lost one
-(on-demand, or spot from a pool not lost) instead of a copy of the same spot shape.
+learns a spot node will be taken (AWS gives 2 minutes) names it, and may say when it goes
+(``deadline_s``, default ``notice_s``, 120 s). Make before break: its replacement starts at once
+and takes its place in the plan, while the instance on the node keeps taking requests until the
+first of: every replacement the notice started has registered (it serves), or the loss deadline
+less ``notice_margin_s`` (10 s, for what it holds to finish). Then it drains: it takes no new
+request and finishes the ones it holds; one still on the node when it goes is resent like any
+other lost request. It drains at once where the notice starts no replacement of its model (a
+re-plan that carries its load on the others), where no engine can be started here
+(``--provisioner remote``), or where the deadline less the margin has already passed. (Draining at
+the notice left a model whose only instance of a phase was noticed with nothing until the
+replacement was up; the simulator's noticed instance serves the same way, docs/reference/simulator.md.) The
+model's new requests are held for the replacement only where no instance of it takes them. The
+replacement is a copy of the instance's shape, except for a spot instance (issue 30) under a
+planner that re-plans around lost spot capacity (:class:`SpotAware`,
+:class:`coral.runtime.deploy.planner.PlanPlanner`): there the notice is a loss of the instance's spot
+pools, the planner re-plans without them and the instances it starts for the model replace the
+lost one (on-demand, or spot from a pool not lost).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,13 +55,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from coral.errors import CoralError
+from coral.runtime.deploy.actions import Action, describe, fresh_name, reconcile, renamed, shape_key
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
 from coral.runtime.deploy.provisioner import Provisioner
 from coral.runtime.serving.coordinator import Coordinator
 from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.window import EpochObservation
 
-__all__ = ["Action", "Controller", "Demand", "Notice", "Planner", "SpotAware", "describe", "reconcile", "shape_key"]
+# Action, describe, reconcile and shape_key live in `actions` and are re-exported here, where callers found them
+__all__ = ["Action", "Controller", "Demand", "Notice", "Noticed", "Planner", "SpotAware", "describe", "reconcile", "shape_key"]
 
 log = logging.getLogger(__name__)
 
@@ -69,96 +79,27 @@ class SpotAware(Protocol):
 
     def after_notice(self, lost: InstanceSpec, running: tuple[InstanceSpec, ...]) -> Sequence[InstanceSpec] | None:
         """Mark the spot pools of `lost` (its region and node configurations) as down, and return the plan
-        to run without them (`running`: the instances left, the lost one drained); None: no re-plan (the
-        controller then starts a copy of `lost`)."""
+        to run without them (`running`: the instances left, the lost one not among them: it serves only until
+        the instances the re-plan starts for its model do); None: no re-plan (the controller then starts a
+        copy of `lost`)."""
         ...
-
-
-def shape_key(spec: InstanceSpec) -> tuple[Any, ...]:
-    """What makes two instances interchangeable: everything but the name."""
-    return (spec.model, spec.phase, spec.region, spec.throughput_tok_per_s, spec.stages, spec.seed, spec.weights_path,
-            spec.spot)
-
-
-def describe(spec: InstanceSpec) -> str:
-    """What an instance runs, for logs: `model/phase/4xL40S+1xL4 in region` (its nodes' configurations
-    when a plan placed it, else its stages' node counts)."""
-    if all(st.configs for st in spec.stages):
-        nodes = "+".join(sorted(c for st in spec.stages for c in st.configs))
-    else:
-        nodes = "|".join(str(len(st.node_throughputs)) for st in spec.stages) + " node(s)"
-    return f"{spec.model}/{spec.phase}/{nodes} in {spec.region}" + (" (spot)" if spec.spot else "")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Action:
-    """One step of a reconciliation: start, drain or keep one instance."""
-
-    kind: str  # "start" | "drain" | "keep"
-    name: str
-    spec: InstanceSpec
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("start", "drain", "keep"):
-            raise ValueError(f"action kind must be start, drain or keep, got {self.kind!r}")
-
-
-def reconcile(desired: Sequence[InstanceSpec], running: Mapping[str, InstanceSpec], loads: Mapping[str, int], taken: set[str]) -> list[Action]:
-    """Turn a desired plan into actions against the running instances.
-
-    Args:
-        desired: the new plan.
-        running: name -> spec of the instances that take (or will take) traffic.
-        loads: name -> requests held now (missing = 0); the least loaded are drained first.
-        taken: every name used so far (a new instance never reuses one).
-
-    Returns:
-        Actions: ``keep`` for matched instances, ``drain`` for surplus ones, ``start`` for
-        missing ones (named after the desired spec, with a ``-N`` suffix when taken).
-    """
-    want: dict[tuple[Any, ...], list[InstanceSpec]] = {}
-    for d in desired:
-        want.setdefault(shape_key(d), []).append(d)
-    have: dict[tuple[Any, ...], list[str]] = {}
-    for name, spec in running.items():
-        have.setdefault(shape_key(spec), []).append(name)
-    actions: list[Action] = []
-    used = set(taken)
-    for key, names in have.items():
-        n_keep = len(want.get(key, []))
-        # keep the busiest, drain the least loaded (ties: by name, for determinism)
-        ordered = sorted(names, key=lambda n: (-loads.get(n, 0), n))
-        actions += [Action(kind="keep", name=n, spec=running[n]) for n in ordered[:n_keep]]
-        actions += [Action(kind="drain", name=n, spec=running[n]) for n in ordered[n_keep:]]
-    for key, specs in want.items():
-        for spec in specs[len(have.get(key, [])):]:
-            name, k = spec.name, 1
-            while name in used:
-                k += 1
-                name = f"{spec.name}-{k}"
-            used.add(name)
-            actions.append(Action(kind="start", name=name, spec=_renamed(spec, name)))
-    return actions
-
-
-def _fresh_name(spec: InstanceSpec, taken: set[str]) -> str:
-    """A replacement's name: the spec's, with the first free ``-N`` suffix (a replacement of ``c-2`` is ``c-3``)."""
-    base = re.sub(r"-\d+$", "", spec.name) or spec.name
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base}-{k}"
-    return name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Notice:
-    """What a spot preemption notice did: the instance drained and what was started for it."""
+    """What a spot preemption notice did: the instance noticed, what was started for it, and when it drains."""
 
-    replaces: str  # the instance on the noticed node, now draining
+    replaces: str  # the instance on the noticed node (it serves until `drain_by_s`, then drains)
     started: tuple[Action, ...]  # the replacement(s) started (a copy of its shape, or the re-plan's)
     drained: tuple[Action, ...] = ()  # others the re-plan drained
     replanned: bool = False  # the planner re-planned around the lost spot pools
+    # seconds from the answer until it drains at the latest (the deadline less the margin; sooner once its
+    # replacements serve); 0: it drains now
+    drain_by_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.drain_by_s < 0:
+            raise ValueError(f"drain_by_s must be >= 0, got {self.drain_by_s}")
 
     @property
     def name(self) -> str:
@@ -166,18 +107,36 @@ class Notice:
         return self.started[0].name if self.started else ""
 
     def to_json(self) -> dict[str, Any]:
-        """What ``POST /admin/preempt`` answers: the instance draining, the replacement (the first started,
-        or null), and every instance started or drained, with what it runs and whether it is spot."""
+        """What ``POST /admin/preempt`` answers: the instance noticed, the seconds until it drains at the latest
+        (0: now), the replacement (the first started, or null), and every instance started or drained, with what
+        it runs and whether it is spot."""
         def row(a: Action) -> dict[str, Any]:
             return {"instance": a.name, "model": a.spec.model, "phase": getattr(a.spec.phase, "value", a.spec.phase),
                     "region": a.spec.region, "spot": a.spec.spot, "runs": describe(a.spec)}
 
-        return {"draining": self.replaces, "replacement": self.name or None, "replanned": self.replanned,
+        return {"noticed": self.replaces, "drain_by_s": round(self.drain_by_s, 3), "replacement": self.name or None,
+                "replanned": self.replanned,
                 "started": [row(a) for a in self.started], "drained": [row(a) for a in self.drained]}
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Noticed:
+    """A noticed instance still serving: out of the plan (its replacements took its place), still routed."""
+
+    notice: Notice
+    spec: InstanceSpec
+    drain_at: float  # monotonic s: the loss deadline less the margin; it drains then if not before
+    replacements: frozenset[str]  # what the notice started for its model: it drains once all of them serve
+
+
+#: AWS's notice before a spot node goes, when the notice does not say (`deadline_s`)
+NOTICE_S = 120.0
+#: drain a noticed instance this long before its node goes, for the requests it holds to finish
+NOTICE_MARGIN_S = 10.0
+
 REPAIR_REASONS = ("failed", "degraded", "preempted")
-# reasons whose replacement takes the old instance's place in the plan at once (the old one serves no more)
+# reasons whose replacement takes the old instance's place in the plan at once (the old one is lost, or
+# noticed: it serves until the replacement does, but the plan no longer counts it)
 _IN_PLACE = ("failed", "preempted")
 
 
@@ -188,7 +147,7 @@ class Repair:
     name: str  # the replacement
     replaces: str
     # "failed" (the instance was lost) | "degraded" (it lost a node; drained once this one is up) |
-    # "preempted" (a spot notice: drained at once, this one takes its place)
+    # "preempted" (a spot notice: this one takes its place; the noticed one serves until it is up)
     reason: str
     spec: InstanceSpec
     t_start: float
@@ -196,11 +155,6 @@ class Repair:
     def __post_init__(self) -> None:
         if self.reason not in REPAIR_REASONS:
             raise ValueError(f"repair reason must be one of {', '.join(REPAIR_REASONS)}, got {self.reason!r}")
-
-
-def _renamed(spec: InstanceSpec, name: str) -> InstanceSpec:
-    # a fixed scheduler port belongs to the name it was given for (the old one may still drain on it)
-    return dataclasses.replace(spec, name=name, scheduler_port=spec.scheduler_port if name == spec.name else None)
 
 
 class Controller:
@@ -220,6 +174,8 @@ class Controller:
         repair: bool = True,
         repair_poll_s: float = 0.2,
         prices: Mapping[tuple[Any, ...], float] | None = None,
+        notice_s: float = NOTICE_S,
+        notice_margin_s: float = NOTICE_MARGIN_S,
     ) -> None:
         """Args:
         coordinator: the registry and router.
@@ -236,6 +192,8 @@ class Controller:
         repair_poll_s: how often the watch thread looks.
         prices: shape (:func:`shape_key`) -> $/h of one instance, for the plan-cost metric (None:
             unpriced, a hand-written cluster file).
+        notice_s: seconds from a spot notice to the node's loss when the notice does not say (AWS: 120).
+        notice_margin_s: a noticed instance drains at the latest this long before its node goes.
         """
         self.coordinator = coordinator
         self.provisioner = provisioner
@@ -250,6 +208,9 @@ class Controller:
         self.running: dict[str, InstanceSpec] = {}  # started, not drained, not lost
         self.starting: dict[str, float] = {}  # name -> when started (until registered)
         self.draining: dict[str, float] = {}  # name -> when the drain began
+        self.noticed: dict[str, Noticed] = {}  # spot-noticed instances still serving until their replacements do
+        self.notice_s = notice_s
+        self.notice_margin_s = notice_margin_s
         self.taken: set[str] = set()
         self.history: list[dict[str, Any]] = []  # one entry per plan change: time, actions
         self.last_demand: Demand = {}
@@ -420,32 +381,50 @@ class Controller:
                     if not self.coordinator.drain(old, "replaced (it had lost a node)"):
                         self.provisioner.stop_instance(old)
                         self.draining.pop(old, None)
+            self._end_notices(now)
             self._expect_replacements(now)
             return started
 
-    def preempt(self, node: str) -> Notice:
-        """A spot preemption notice for ``node``: the instance on it (``node`` is the instance's name or
-        one of its engine nodes, ``<instance>/<stage>/<k>``) takes no new request from now on and
-        finishes those it holds. Its replacement starts at once and takes its place: for a spot
-        instance under a :class:`SpotAware` planner, what the planner's re-plan without the lost spot
-        pools starts (on-demand, or spot from a pool not lost); otherwise a copy of its shape; none where
-        the provisioner cannot start engines (`--provisioner remote`: it only drains).
+    def preempt(self, node: str, deadline_s: float | None = None) -> Notice:
+        """A spot preemption notice for ``node`` (the instance's name or one of its engine nodes,
+        ``<instance>/<stage>/<k>``). Its replacement starts at once and takes its place in the plan: for a
+        spot instance under a :class:`SpotAware` planner, what the planner's re-plan without the lost spot
+        pools starts for its model (on-demand, or spot from a pool not lost); otherwise a copy of its shape;
+        none where the provisioner cannot start engines (`--provisioner remote`). The instance keeps taking
+        requests until every replacement serves or until ``deadline_s`` less ``notice_margin_s``, whichever
+        comes first, and then drains (it takes no new request and finishes those it holds); it drains now
+        where nothing replaces it or that time has passed. A repeated notice for an instance still serving
+        changes nothing but an earlier deadline.
+
+        Args:
+            node: the noticed node or instance.
+            deadline_s: seconds from now until the node goes (None: ``notice_s``, AWS's 2 minutes).
 
         Returns:
-            What was drained and started.
+            What was started and drained, and when the noticed instance drains at the latest.
 
         Raises:
-            CoralError: no running instance of that name (nothing is done).
+            CoralError: no running instance of that name, or a deadline that is not a positive number
+                (nothing is done).
         """
         name = node.strip().split("/", 1)[0]
+        until = self.notice_s if deadline_s is None else deadline_s
+        if not until > 0 or until == float("inf"):
+            raise CoralError(f"deadline_s must be a positive number of seconds until the node goes, got {deadline_s!r}")
         with self._lock:
             self._sweep()
+            now = time.monotonic()
+            if name in self.noticed:  # a repeated notice (two watchers, or a retry)
+                n = self.noticed[name]
+                self.noticed[name] = dataclasses.replace(n, drain_at=min(n.drain_at, now + until - self.notice_margin_s))
+                self._end_notices(now)
+                drain_at = self.noticed[name].drain_at if name in self.noticed else now
+                return dataclasses.replace(n.notice, drain_by_s=max(0.0, drain_at - now))
             if name not in self.running or name in self.draining:
                 running = ", ".join(sorted(n for n in self.running if n not in self.draining)) or "(none)"
                 raise CoralError(f"node {node!r}: no running instance {name!r} to drain; running: {running}")
-            now = time.monotonic()
             spec = self.running.pop(name)
-            self.starting.pop(name, None)
+            serving = self.starting.pop(name, None) is None  # registered (a starting one has nothing to serve)
             self.repairs.pop(name, None)  # itself a replacement still starting: the new one replaces it
             for other in [r for r, rep in self.repairs.items() if rep.replaces == name]:
                 self.repairs.pop(other)  # a replacement for a degraded node of it: this one replaces it now
@@ -463,13 +442,57 @@ class Controller:
             if notice is None:
                 rep = self._start_repair(name, spec, "preempted", now)
                 notice = Notice(replaces=name, started=(Action(kind="start", name=rep.name, spec=rep.spec),))
-            # the model's requests are held for the replacement before the drain takes this one out of routing
+            # held for the replacement only where no instance of the model takes a request (after the drain)
             self._expect_replacements(now)
-            self.draining[name] = now
-            if not self.coordinator.drain(name, "spot preemption notice"):  # not registered yet: nothing to drain
-                self.provisioner.stop_instance(name)
-                self.draining.pop(name, None)
+            mine = frozenset(r for r, rep in self.repairs.items() if rep.replaces == name)
+            drain_at = now + until - self.notice_margin_s
+            if mine and serving and drain_at > now:  # make before break: it serves until they do
+                self.noticed[name] = Noticed(notice=notice, spec=spec, drain_at=drain_at, replacements=mine)
+                log.warning("controller: %s serves until %s serve%s (%.0f s at most)", name, ", ".join(sorted(mine)),
+                            "" if len(mine) > 1 else "s", drain_at - now)
+                return dataclasses.replace(notice, drain_by_s=drain_at - now)
+            self._drain_noticed(name, now, "spot preemption notice")
             return notice
+
+    def _drain_noticed(self, name: str, now: float, reason: str) -> None:
+        self.draining[name] = now
+        if not self.coordinator.drain(name, reason):  # not registered: nothing to drain
+            self.provisioner.stop_instance(name)
+            self.draining.pop(name, None)
+
+    def end_notices(self, now: float | None = None) -> list[str]:
+        """Drain the noticed instances whose replacements all serve, or whose drain time has come (the watch
+        thread calls it; ``now``: a monotonic time, default the clock).
+
+        Returns:
+            The instances drained.
+        """
+        with self._lock:
+            self._sweep()  # (a replacement that did not come up counts as failed: its noticed one keeps serving)
+            return self._end_notices(time.monotonic() if now is None else now)
+
+    def _end_notices(self, now: float) -> list[str]:
+        ended: list[str] = []
+        for name, n in list(self.noticed.items()):
+            if name in self.coordinator.retired:  # its node went first: what it held is resent
+                del self.noticed[name]
+                self.provisioner.stop_instance(name, timeout_s=2.0)
+                continue
+            # what it waits for: its replacements still starting, and any started since for one that failed
+            mine = n.replacements | {r for r, rep in self.repairs.items() if rep.replaces == name}
+            waiting = [r for r in mine if r not in self.coordinator.instances and (r in self.repairs or r in self.starting)]
+            lost = any(lost == name for lost, _ in self._lost)  # a failed replacement not restarted yet
+            if waiting or lost:
+                if now < n.drain_at:
+                    continue
+                why = f"spot preemption notice: its node goes in {max(0.0, n.drain_at + self.notice_margin_s - now):.0f} s"
+            else:
+                why = "spot preemption notice: replaced"
+            del self.noticed[name]
+            log.warning("controller: %s drains (%s)", name, why.split(": ", 1)[1])
+            self._drain_noticed(name, now, why)
+            ended.append(name)
+        return ended
 
     def _replan_after_notice(self, name: str, spec: InstanceSpec, now: float) -> Notice | None:
         """A spot instance's notice under a :class:`SpotAware` planner: its re-plan without the lost pools,
@@ -499,7 +522,7 @@ class Controller:
                       replanned=True)
 
     def _start_repair(self, name: str, spec: InstanceSpec, reason: str, now: float) -> Repair:
-        new = _renamed(spec, _fresh_name(spec, self.taken))
+        new = renamed(spec, fresh_name(spec, self.taken))
         rep = Repair(name=new.name, replaces=name, reason=reason, spec=new, t_start=now)
         self.repairs[new.name] = rep
         self.taken.add(new.name)
@@ -550,20 +573,21 @@ class Controller:
 
     def _watch_loop(self) -> None:
         while not self._stop.wait(self.repair_poll_s):
-            if not self.repair:  # turned off (a deployment draining to stop replaces nothing)
-                continue
             try:
-                self.repair_now()
+                if self.repair:
+                    self.repair_now()
+                else:  # turned off (a deployment draining to stop replaces nothing); a noticed instance still drains
+                    self.end_notices()
             except Exception:
                 log.exception("controller: repair failed")
 
     # ------------------------------------------------------------ epoch thread
 
     def start(self) -> None:
-        """Run :meth:`epoch` every ``epoch_s`` in a daemon thread (when ``epoch_s`` > 0), and the repair watch."""
-        if self.repair:
-            self._watch = threading.Thread(target=self._watch_loop, name="repair", daemon=True)
-            self._watch.start()
+        """Run :meth:`epoch` every ``epoch_s`` in a daemon thread (when ``epoch_s`` > 0), and the watch (self-repair,
+        and the drain of spot-noticed instances, :meth:`end_notices`)."""
+        self._watch = threading.Thread(target=self._watch_loop, name="repair", daemon=True)
+        self._watch.start()
         if self.epoch_s <= 0:
             return
         self._thread = threading.Thread(target=self._loop, name="epochs", daemon=True)
@@ -592,6 +616,8 @@ class Controller:
                 "running": sorted(self.running),
                 "starting": sorted(self.starting),
                 "draining": sorted(self.draining),
+                "noticed": [{"instance": name, "replacements": sorted(n.replacements),
+                             "drain_by_s": round(max(0.0, n.drain_at - time.monotonic()), 3)} for name, n in self.noticed.items()],
                 "repairing": [{"instance": r.name, "replaces": r.replaces, "reason": r.reason} for r in self.repairs.values()],
                 "repaired": self.repaired[-20:],
                 "instances": self.coordinator.snapshot(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -13,7 +14,7 @@ from coral.runtime.serving.coordinator import RequestError
 from coral.runtime.serving.metrics import FleetStats
 from coral.runtime.serving.responses import json_response
 
-__all__ = ["AdminAction", "AdminNotice", "PlanAdmin", "add_admin_routes"]
+__all__ = ["AdminAction", "AdminNotice", "PlanAdmin", "add_admin_routes", "preempt_body"]
 
 
 class AdminAction(Protocol):
@@ -27,7 +28,7 @@ class AdminAction(Protocol):
 
 
 class AdminNotice(Protocol):
-    """What a spot notice did: the instance it drains and what was started in its place."""
+    """What a spot notice did: the instance noticed, what was started in its place, when it drains."""
 
     @property
     def name(self) -> str:
@@ -38,7 +39,8 @@ class AdminNotice(Protocol):
     def replaces(self) -> str: ...
 
     def to_json(self) -> dict[str, Any]:
-        """The answer's body: ``draining``, ``replacement``, and every instance ``started`` and ``drained``."""
+        """The answer's body: ``noticed``, ``drain_by_s``, ``replacement``, and every instance ``started`` and
+        ``drained``."""
         ...
 
 
@@ -58,10 +60,12 @@ class PlanAdmin(Protocol):
         """
         ...
 
-    def preempt(self, node: str) -> AdminNotice:
-        """A spot preemption notice for ``node`` (an instance name or ``<instance>/<stage>/<k>``): drain
-        its instance now (running requests finish) and start its replacement (a copy of its shape, or,
-        for a spot instance, what the live planner's re-plan without its spot pools starts).
+    def preempt(self, node: str, deadline_s: float | None = None) -> AdminNotice:
+        """A spot preemption notice for ``node`` (an instance name or ``<instance>/<stage>/<k>``), which goes
+        in ``deadline_s`` (None: the cloud's default notice): start its instance's replacement (a copy of its
+        shape, or, for a spot instance, what the live planner's re-plan without its spot pools starts); the
+        instance serves until the replacement does, or until shortly before the deadline, then drains
+        (running requests finish).
 
         Raises:
             CoralError: no running instance of that name (the answer is a 404).
@@ -98,16 +102,43 @@ def add_admin_routes(app: FastAPI, admin: PlanAdmin | None) -> None:
             raise RequestError(400, str(e), "instances") from None
         return json_response({"actions": [{"kind": a.kind, "instance": a.name} for a in actions]})
 
-    @app.post("/admin/preempt", summary="A spot preemption notice: drain the node's instance, start its replacement")
+    @app.post("/admin/preempt", summary="A spot preemption notice: start the node's replacement, then drain it")
     def admin_preempt(body: Any = Body(...)) -> Response:  # noqa: B008 - FastAPI's idiom
         ctl = admin
         if ctl is None:
             raise RequestError(404, "no plan controller")
-        node = body.get("node") if isinstance(body, dict) else None
-        if not isinstance(node, str) or not node.strip():
-            raise RequestError(400, 'body must be {"node": "<instance>" or "<instance>/<stage>/<k>"}', "node")
+        node, deadline_s = preempt_body(body)
         try:
-            rep = ctl.preempt(node)
+            rep = ctl.preempt(node, deadline_s)
         except CoralError as e:
             raise RequestError(404, str(e), "node") from None
         return json_response(rep.to_json())
+
+
+def preempt_body(body: Any) -> tuple[str, float | None]:
+    """``POST /admin/preempt``'s body: ``{"node": "<instance>" or "<instance>/<stage>/<k>", "deadline_s": <seconds
+    until the node goes, optional>}``.
+
+    Returns:
+        (node, deadline_s or None).
+
+    Raises:
+        RequestError: 400 naming the field that is wrong.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, _PREEMPT_BODY, "node")
+    extra = sorted(set(body) - {"node", "deadline_s"})
+    if extra:
+        raise RequestError(400, f"unknown field {extra[0]!r}; {_PREEMPT_BODY}", extra[0])
+    node = body.get("node")
+    if not isinstance(node, str) or not node.strip():
+        raise RequestError(400, _PREEMPT_BODY, "node")
+    deadline_s = body.get("deadline_s")
+    if deadline_s is not None and (isinstance(deadline_s, bool) or not isinstance(deadline_s, int | float)
+                                   or not 0 < deadline_s < math.inf):
+        raise RequestError(400, f"deadline_s must be a positive number of seconds until the node goes (AWS: the "
+                                f"instance-action time less now), got {deadline_s!r}", "deadline_s")
+    return node, None if deadline_s is None else float(deadline_s)
+
+
+_PREEMPT_BODY = 'body must be {"node": "<instance>" or "<instance>/<stage>/<k>", "deadline_s": <seconds, optional>}'

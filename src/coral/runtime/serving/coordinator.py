@@ -129,6 +129,8 @@ class Coordinator(RegistryReports):
         #: model -> until when a replacement instance is expected (self-repair): a request that finds
         #: no instance waits for it (parked) instead of a 503
         self.expected: dict[str, float] = {}
+        #: new requests that found no instance of their model taking requests and were held for a replacement
+        self.held_requests = 0
         self.stop_event = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -382,6 +384,7 @@ class Coordinator(RegistryReports):
                 # an instance of it is being replaced: wait for it, as a retried request does
                 h.retry_deadline = until
                 self._parked.append(h)
+                self.held_requests += 1
             self._handles[rid] = h
             self._demand[(model, "prefill")] = self._demand.get((model, "prefill"), 0) + len(prompt)
             h.window = self._window.record(model, time.monotonic(), len(prompt), h.generated)
@@ -416,9 +419,11 @@ class Coordinator(RegistryReports):
         now = time.monotonic()
         for iid in (pre.instance_id, h.decode_instance):
             rec = self.instances.get(iid)
-            if rec is not None and not rec.t_first_request:
-                rec.t_first_request = now
-                self._event(iid, "first request")
+            if rec is not None:
+                rec.routed += 1
+                if not rec.t_first_request:
+                    rec.t_first_request = now
+                    self._event(iid, "first request")
         sub = Submit(
             request_id=h.wire_id, prompt=h.prompt + tuple(h.generated), max_tokens=h.max_tokens - len(h.generated),
             temperature=h.temperature, seed=h.seed, eos_ids=h.eos_ids, reply_to=self.t.address,

@@ -41,6 +41,7 @@ class InstanceRecord:
     reported_waiting: int = 0
     reported_kv_usage: float = 0.0
     t_first_request: float = 0.0
+    routed: int = 0  # request attempts sent to it (its prefill or its decode)
     t_drain: float = 0.0
     stats: InstanceStats | None = None  # the scheduler's last counters (cumulative) and lost nodes
 
@@ -117,12 +118,12 @@ class RegistryReports:
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every registered instance: id, model, phase, region, state (``degraded``: active without the
-        ``lost_nodes`` named), load, address."""
+        ``lost_nodes`` named), load, request attempts routed to it so far, address."""
         loads = self.loads()
         with self._lock:
             return [
                 {"id": iid, "model": r.view.model, "phase": r.view.phase, "region": r.view.region, "state": self._state_of(r),
-                 "lost_nodes": list(r.lost_nodes), "load": loads.get(iid, 0), "address": r.address}
+                 "lost_nodes": list(r.lost_nodes), "load": loads.get(iid, 0), "routed": r.routed, "address": r.address}
                 for iid, r in sorted(self.instances.items())
             ]  # fmt: skip
 
