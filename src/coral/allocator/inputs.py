@@ -17,7 +17,7 @@ from coral.catalog.spot import SpotProcess
 from coral.errors import CoralError, unknown
 from coral.perf.model import Phase
 from coral.scenario import Scenario
-from coral.templates.planning import fastest_latency_ms, plan_inputs
+from coral.templates.planning import no_template_explainer
 from coral.templates.table import TemplateTable
 from coral.templates.template import ChainedTemplates, Template, TemplateLibrary
 
@@ -213,28 +213,7 @@ def build_inputs(scenario: Scenario, library: TemplateLibrary, *,
                             demand=dem, allowed_regions=allowed, slo_ms=slo, templates=templates,
                             init_s=_finite_nonneg(scenario.planner.init_s, "planner.init_s"),
                             epoch_s=float(scenario.planner.epoch_s),
-                            nearest_latency_ms=near, explain=_explainer(scenario))
-
-
-def _explainer(scenario: Scenario) -> Callable[[Group], str] | None:
-    """What to say when a (model, phase) has no template: the budget its templates were held to,
-    at which length, and the best any node reaches (computed only then)."""
-    if not scenario.configs:
-        return None
-
-    def explain(g: Group) -> str:
-        try:
-            planning = plan_inputs(scenario).of(g[0])
-            budget = planning.budget_ms(g[1])
-            best, cfg, prompt = fastest_latency_ms(scenario, planning, g[1])
-            q = planning.lengths.quantile
-        except (CoralError, ValueError, KeyError):
-            return "its templates are held to the budget of coral.templates.budget"
-        at = f"the p{q * 100:g} prompt ({prompt:,.0f} tokens)" if g[1] is Phase.PREFILL else "the mean context"
-        return (f"templates must reach {at} within a {budget:.4g} ms budget; the fastest node, {cfg}, "
-                f"takes {best:.4g} ms")
-
-    return explain
+                            nearest_latency_ms=near, explain=no_template_explainer(scenario))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)

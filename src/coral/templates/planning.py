@@ -15,11 +15,12 @@ epochs and the live planner each ask for it many times and get the same object.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from coral.catalog.hardware import NodeConfig
+from coral.errors import CoralError
 from coral.perf.model import Phase, Shape
 from coral.scenario import Scenario
 from coral.scenario.traffic import (
@@ -155,3 +156,24 @@ def fastest_latency_ms(scenario: Scenario, planning: ModelPlanning, phase: Phase
     holds = best[2] * planner_memory(scenario) >= served.spec.weights_bytes
     where = f"one {best[1]}" if holds else f"a pipeline as fast as {best[1]} per layer"
     return best[0], where, prompt
+
+
+def no_template_explainer(scenario: Scenario) -> Callable[[tuple[str, Phase]], str] | None:
+    """What to say when a (model, phase) has no template: the budget its templates were held to,
+    at which length, and the best any node reaches (computed only then)."""
+    if not scenario.configs:
+        return None
+
+    def explain(g: tuple[str, Phase]) -> str:
+        try:
+            planning = plan_inputs(scenario).of(g[0])
+            budget = planning.budget_ms(g[1])
+            best, cfg, prompt = fastest_latency_ms(scenario, planning, g[1])
+            q = planning.lengths.quantile
+        except (CoralError, ValueError, KeyError):
+            return "its templates are held to the budget of coral.templates.budget"
+        at = f"the p{q * 100:g} prompt ({prompt:,.0f} tokens)" if g[1] is Phase.PREFILL else "the mean context"
+        return (f"templates must reach {at} within a {budget:.4g} ms budget; the fastest node, {cfg}, "
+                f"takes {best:.4g} ms")
+
+    return explain
