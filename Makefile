@@ -7,7 +7,18 @@ STAMP := $(VENV)/.installed
 SKY_VENV ?= .venv-sky
 SKY_STAMP := $(SKY_VENV)/.installed
 
-.PHONY: demo test test-long bench lint calibrate clean venv
+.PHONY: help demo test test-long bench lint calibrate clean venv
+
+help:
+	@echo 'make demo       create .venv, install Coral, run a 12-minute cost study on the core scenario'
+	@echo 'make test       create/update .venv and .venv-sky (side by side), run the test suite; the tests'
+	@echo '                marked `long` (soaks, the fidelity study on the real runtime, SkyPilot and Ray'
+	@echo '                lifecycle runs) are skipped there, each naming the reduced form make test runs'
+	@echo 'make test-long  the tests marked `long` in their full form (CORAL_LONG_TESTS=1 pytest -m long)'
+	@echo 'make bench      the speed/accuracy targets (QUICK=1 skips the extended build, FULL=1 adds more)'
+	@echo 'make lint       ruff, the import-linter contracts and mypy'
+	@echo 'make calibrate  coral calibrate: fit the performance model to the shipped measurements'
+	@echo 'make clean      remove both environments and build outputs'
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
