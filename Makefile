@@ -7,7 +7,18 @@ STAMP := $(VENV)/.installed
 SKY_VENV ?= .venv-sky
 SKY_STAMP := $(SKY_VENV)/.installed
 
-.PHONY: demo test test-long bench lint calibrate clean venv
+.PHONY: help demo test test-long bench lint calibrate clean venv
+
+help:
+	@echo 'make demo       create .venv, install Coral, run a 12-minute cost study on the core scenario'
+	@echo 'make test       create/update .venv and .venv-sky (side by side), run the test suite; the tests'
+	@echo '                marked `long` (soaks, the fidelity study on the real runtime, SkyPilot and Ray'
+	@echo '                lifecycle runs) are skipped there, each naming the reduced form make test runs'
+	@echo 'make test-long  the tests marked `long` in their full form (CORAL_LONG_TESTS=1 pytest -m long)'
+	@echo 'make bench      the speed/accuracy targets (QUICK=1 skips the extended build, FULL=1 adds more)'
+	@echo 'make lint       ruff, the import-linter contracts and mypy'
+	@echo 'make calibrate  coral calibrate: fit the performance model to the shipped measurements'
+	@echo 'make clean      remove both environments and build outputs'
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -21,9 +32,12 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
+# Only tests/deploy/test_skypilot_accepts.py runs it, three times: pip's byte-compiling of every
+# module would cost about a minute, so it compiles (by importing them) only the modules those runs load.
 $(SKY_STAMP): pyproject.toml
 	$(PY) -m venv $(SKY_VENV)
-	$(SKY_VENV)/bin/pip install -q 'skypilot==0.14.1'
+	$(SKY_VENV)/bin/pip install -q --no-compile 'skypilot==0.14.1'
+	PYTHONDONTWRITEBYTECODE= $(SKY_VENV)/bin/python -c 'import yaml, sky; from sky import catalog'
 	touch $(SKY_STAMP)
 
 venv: $(STAMP) $(SKY_STAMP)
@@ -31,7 +45,9 @@ venv: $(STAMP) $(SKY_STAMP)
 demo: $(STAMP)
 	$(BIN)/coral experiment cost core --duration-s 720 --out runs/demo-cost-core
 
-test: $(STAMP) $(SKY_STAMP)
+# The two environments are independent: they install side by side (mostly waiting on downloads).
+test:
+	$(MAKE) -j2 $(STAMP) $(SKY_STAMP)
 	$(BIN)/python -m pytest
 
 # the full form of the tests marked `long` (soaks, the fidelity study on the real runtime)

@@ -14,7 +14,7 @@ self-repair must bring every model back. Measured:
 - `coral serve` then stops on SIGTERM with exit code 0.
 
 Run: `python bench/chaos_bench.py [--quick]` (quick: 60 s, a kill every 20 s; else 10 minutes, a
-kill every 60 s); `make bench` runs it as the `chaos` section. `soak(...)` is what the 60-s test runs.
+kill every 60 s); `make bench` runs it as the `chaos` section. `soak(...)` is what tests/runtime/test_chaos.py runs (36 s; 60 s under `make test-long`).
 """
 from __future__ import annotations
 

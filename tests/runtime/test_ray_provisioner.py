@@ -1,6 +1,6 @@
 """The Ray provisioner on a 3-node local Ray cluster (127.0.0.1) with fake GPUs: actors placed by
 `accelerator_type`, one placement group per instance, and the lifecycle tests on it (a plan change
-under load with a drain, the kill of an engine actor), with every request sent accounted for."""
+under load with a drain, the kill of an engine actor; `make test-long`), with every request sent accounted for."""
 from __future__ import annotations
 
 import time
@@ -144,6 +144,13 @@ def test_tp_groups_of_one_machine_share_a_ray_node_on_their_own_gpus(dep: Deploy
     assert "grp" not in prov.groups
 
 
+# The two lifecycle tests on Ray (the second needs the first's instance c) start three instances between them,
+# about 40 s of Ray actors and engine processes here: `make test` runs them on the local provisioner
+# (test_lifecycle.py: the same plan change under load with a drain, and a kill -9 of an engine).
+ON_LOCAL = "tests/runtime/test_lifecycle.py (the plan change with a drain and the engine kill, local provisioner)"
+
+
+@pytest.mark.long(reduced=ON_LOCAL)
 def test_plan_change_under_load_with_a_drain(dep: Deployment) -> None:
     coord, prov = dep.coordinator, dep.provisioner
     assert coord is not None
@@ -165,6 +172,7 @@ def test_plan_change_under_load_with_a_drain(dep: Deployment) -> None:
     assert wait_until(lambda: 4 == ray.available_resources().get("GPU", 0), 20), ray.available_resources()
 
 
+@pytest.mark.long(reduced=ON_LOCAL)
 def test_kill_of_an_engine_actor_every_request_accounted(dep: Deployment) -> None:
     coord, prov, ctl = dep.coordinator, dep.provisioner, dep.controller
     assert coord is not None and isinstance(prov, RayProvisioner) and {"b", "c"} <= set(coord.instances)
