@@ -62,3 +62,9 @@ def next_state(state: Lifecycle, event: LifecycleEvent, *, in_flight: int) -> Li
             return Lifecycle.STOPPED
         return state
     return state
+
+
+#: A spot instance under a preemption notice drains this long before its nodes go (when its
+#: replacement is not ready sooner), for the requests it holds to finish: the runtime's
+#: `Controller.preempt` and the simulator's notice use the same margin.
+SPOT_NOTICE_MARGIN_S = 10.0

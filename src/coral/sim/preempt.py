@@ -10,7 +10,8 @@ The draws come from the run's `SpotMarket` (`coral.sim.spot`, where the model is
   re-planner is called at once with the last epoch's demand and the running instances without
   the noticed ones, so replacements start now and serve `init_s` later. A noticed instance that
   serves keeps serving until then (make before break, as a re-plan's replaced instance does),
-  or until the loss if that comes first, and then drains; a starting one stops at once (it
+  or until `SPOT_NOTICE_MARGIN_S` (10 s) before the loss if that comes first, and then drains,
+  as the runtime's `Controller.preempt` does; a starting one stops at once (it
   serves nothing). Draining at the notice instead would leave a model whose only instance of a
   phase is noticed with nothing for `init_s` (measured: phi-4 at 44 % in a `core` epoch).
 - At the loss (`notice_s` after the notice), an instance still holding work is lost: the
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 
 from coral.perf.model import Phase
-from coral.policy.lifecycle import Lifecycle, LifecycleEvent, next_state
+from coral.policy.lifecycle import SPOT_NOTICE_MARGIN_S, Lifecycle, LifecycleEvent, next_state
 from coral.policy.routing import InstanceSpec
 from coral.sim.cluster import FAILED, RETIRE, SPOT_LOSS, SPOT_NOTICE, WAITING, Batch, Instance, Node
 from coral.sim.replan import Replanning
@@ -102,7 +103,7 @@ class Preemptions(Replanning):
                 self._remove(t, inst)  # serves nothing yet: stops now
             elif inst.state is Lifecycle.ACTIVE:  # make before break: serves until its replacements are ready
                 inst.retiring = True
-                inst.retire_s = min(t + self.init_s, loss)
+                inst.retire_s = max(t, min(t + self.init_s, loss - SPOT_NOTICE_MARGIN_S))
                 self.push(inst.retire_s, RETIRE, inst)
             if inst.state is not Lifecycle.STOPPED:
                 self.push(loss, SPOT_LOSS, inst)

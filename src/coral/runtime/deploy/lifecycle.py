@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from coral.errors import CoralError
+from coral.policy.lifecycle import SPOT_NOTICE_MARGIN_S
 from coral.runtime.deploy.actions import Action, describe, fresh_name, reconcile, renamed, shape_key
 from coral.runtime.deploy.cluster_config import ClusterSpec, InstanceSpec, parse_instances
 from coral.runtime.deploy.provisioner import Provisioner
@@ -132,7 +133,7 @@ class Noticed:
 #: AWS's notice before a spot node goes, when the notice does not say (`deadline_s`)
 NOTICE_S = 120.0
 #: drain a noticed instance this long before its node goes, for the requests it holds to finish
-NOTICE_MARGIN_S = 10.0
+NOTICE_MARGIN_S = SPOT_NOTICE_MARGIN_S
 
 REPAIR_REASONS = ("failed", "degraded", "preempted")
 # reasons whose replacement takes the old instance's place in the plan at once (the old one is lost, or
