@@ -84,3 +84,27 @@ def threads() -> Iterator[list[tuple[threading.Thread, threading.Event]]]:
         ev.set()
     for t, _ev in started:
         t.join(timeout=5)
+
+
+class ClientThreads:
+    """Closed-loop load: `clients` threads run `_client(k)` until `stop` is set; `with` starts them
+    and joins them on exit (a thread still alive 40 s after the stop fails the test: a hung client)."""
+
+    clients: int
+    stop: threading.Event
+    threads: list[threading.Thread]
+
+    def _client(self, k: int) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Any:
+        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(self.clients)]
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=40)
+        assert not any(t.is_alive() for t in self.threads), "a client hung"

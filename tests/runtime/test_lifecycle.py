@@ -22,7 +22,7 @@ from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.lifecycle import reconcile
 from coral.runtime.serving.loadgen import one_request, run_bench, workload
 
-from .conftest import deployment, http, wait_until
+from .conftest import ClientThreads, deployment, http, wait_until
 
 CLUSTER = {
     "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 1.0, "max_retries": 3},
@@ -37,7 +37,7 @@ NEW_C = {"name": "c", "model": "llama", "stages": [{"layers": [0, 2]}, {"layers"
 
 
 @dataclass
-class Load:
+class Load(ClientThreads):
     """Closed-loop clients sending requests until stopped; counts every outcome."""
 
     url: str
@@ -62,18 +62,6 @@ class Load:
                     self.completed += 1
                 else:
                     self.errors.append(r.error or f"{r.output_tokens} tokens")
-
-    def __enter__(self) -> Load:
-        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(self.clients)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=40)
-        assert not any(t.is_alive() for t in self.threads), "a client hung"
 
 
 @pytest.fixture(scope="module")

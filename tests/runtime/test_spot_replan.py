@@ -19,7 +19,7 @@ from coral.runtime.deploy.cluster_config import InstanceSpec
 from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.lifecycle import SpotAware
 
-from .conftest import deployment, http, wait_until
+from .conftest import ClientThreads, deployment, http, wait_until
 from .test_spot_notice import SlowStart, kill, routed, state
 
 openai = pytest.importorskip("openai")
@@ -55,7 +55,7 @@ class OffSpot:
 
 
 @dataclass
-class Streams:
+class Streams(ClientThreads):
     """Closed-loop `openai` clients streaming completions until stopped; every request is counted once: completed
     (all its tokens), refused (a retryable status the client may resend), or an error."""
 
@@ -97,18 +97,6 @@ class Streams:
                 else:
                     self.errors.append(outcome)
         client.close()
-
-    def __enter__(self) -> Streams:
-        self.threads = [threading.Thread(target=self._client, args=(k,), daemon=True) for k in range(self.clients)]
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(timeout=40)
-        assert not any(t.is_alive() for t in self.threads), "a client hung"
 
 
 @pytest.fixture(scope="module")
