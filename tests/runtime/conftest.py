@@ -23,13 +23,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.runtime)
 
 
-def deployment(cluster: dict[str, Any], **kw: Any) -> Iterator[Any]:
-    """A module fixture's body: the cluster file's deployment on 127.0.0.1 (any free port), stopped after."""
+def deployment(cluster: Any, timeout_s: float = 120, **kw: Any) -> Iterator[Any]:
+    """A module fixture's body: the deployment of `cluster` (a cluster file's dict, or a parsed one) on
+    127.0.0.1 (any free port), stopped after."""
     from coral.runtime.deploy.cluster_config import parse_cluster
     from coral.runtime.deploy.deployment import Deployment
 
-    d = Deployment(parse_cluster(cluster), http_port=0, **kw)
-    d.start(timeout_s=120)
+    d = Deployment(parse_cluster(cluster) if isinstance(cluster, dict) else cluster, http_port=0, **kw)
+    d.start(timeout_s=timeout_s)
     try:
         yield d
     finally:

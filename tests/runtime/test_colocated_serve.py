@@ -22,7 +22,7 @@ from coral.runtime.deploy.deployment import Deployment
 from coral.runtime.deploy.mapping import cluster_from_plan_file
 from coral.runtime.engine.model import BUILTIN_CONFIGS
 
-from .conftest import http
+from .conftest import deployment, http
 from .test_pipeline_inproc import reference
 from .test_serve_plan import phi_cluster
 from .test_skypilot_local import CONFIG
@@ -37,12 +37,7 @@ N = 6
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     _, plan = write_layout_plan(tmp_path_factory.mktemp("colo"), [{**COLOCATED, "chunk_tokens": CHUNK}])
     cluster = cluster_from_plan_file(parse_cluster(phi_cluster(40)), str(plan))
-    dep = Deployment(cluster, http_port=0)
-    dep.start(timeout_s=180)
-    try:
-        yield dep
-    finally:
-        dep.stop()
+    yield from deployment(cluster, timeout_s=180)
 
 
 def test_a_colocated_plan_instance_serves_as_one_mixed_instance_with_the_plans_chunk(served: Deployment) -> None:

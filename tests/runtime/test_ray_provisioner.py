@@ -12,7 +12,7 @@ from coral.errors import CoralError
 from coral.runtime.deploy.cluster_config import parse_cluster
 from coral.runtime.deploy.deployment import Deployment
 
-from .conftest import http, wait_until
+from .conftest import deployment, http, wait_until
 from .test_lifecycle import CLUSTER, NEW_C, Load
 
 ray = pytest.importorskip("ray")
@@ -40,13 +40,7 @@ def ray_cluster() -> Iterator[object]:
 
 @pytest.fixture(scope="module")
 def dep(ray_cluster: object) -> Iterator[Deployment]:
-    prov = RayProvisioner(CONFIGS)
-    d = Deployment(parse_cluster(CLUSTER), prov, http_port=0)
-    d.start(timeout_s=180)
-    try:
-        yield d
-    finally:
-        d.stop()
+    yield from deployment(CLUSTER, timeout_s=180, provisioner=RayProvisioner(CONFIGS))
 
 
 def _node_of(actor: object) -> str:

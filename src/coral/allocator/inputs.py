@@ -493,9 +493,8 @@ def build_columns(inputs: AllocationInputs, *, keep: Callable[[Template], bool] 
 
     if inputs.spot:
         processes = [inputs.spot.get(r) for r in inputs.regions]
-        nodes_of = lay.usage.sum(axis=1, dtype=np.int64)
-        extra.update(spot_share=share_table(processes, int(nodes_of.max(initial=1)), inputs.epoch_s, inputs.init_s),
-                     nodes_of=nodes_of, market_spot=np.array([p is not None for p in processes], dtype=bool))
+        extra.update(spot_share=share_table(processes, int(lay.nodes.max(initial=1)), inputs.epoch_s, inputs.init_s),
+                     nodes_of=lay.nodes, market_spot=np.array([p is not None for p in processes], dtype=bool))
     if inputs.spot_down:
         r_of, c_of = {r: i for i, r in enumerate(inputs.regions)}, {c: i for i, c in enumerate(inputs.configs)}
         down_rc = np.zeros((len(inputs.regions), len(inputs.configs)), dtype=bool)
@@ -624,6 +623,7 @@ class _Layout:
     ent_u: np.ndarray  # ... and U_c(τ) (float)
     ent_start: np.ndarray  # per template: its first entry (clipped; unused where not usable)
     theta_block: np.ndarray  # per template: see Columns.theta_block
+    nodes: np.ndarray  # per template: its node count (the spot discount's n)
 
     @property
     def num_templates(self) -> int:
@@ -676,9 +676,10 @@ def _layout(tables: Sequence[TemplateTable | _Rows], configs: tuple[str, ...]) -
                   group_start=np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64),
                   throughput=throughput, usage=usage, usable=usable, ent_c=ent_c,
                   decode_throughput=np.concatenate(decodes) if decodes else np.zeros(0),
-                  ent_u=usage[ent_t, ent_c].astype(float), ent_start=ent_start)
+                  ent_u=usage[ent_t, ent_c].astype(float), ent_start=ent_start,
+                  nodes=usage.sum(axis=1, dtype=np.int64))
     for arr in (lay.group, lay.group_start, lay.throughput, lay.decode_throughput, lay.usage, lay.usable, lay.ent_c, lay.ent_u,
-                lay.ent_start, lay.theta_block):
+                lay.ent_start, lay.theta_block, lay.nodes):
         arr.setflags(write=False)  # shared by every Columns built from these tables
     _LAYOUTS[key] = lay
     while len(_LAYOUTS) > 8:
