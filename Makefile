@@ -11,7 +11,8 @@ SKY_STAMP := $(SKY_VENV)/.installed
 
 help:
 	@echo 'make demo       create .venv, install Coral, run a 12-minute cost study on the core scenario'
-	@echo 'make test       create/update .venv and .venv-sky (side by side), run the test suite; the tests'
+	@echo 'make test       create/update .venv and .venv-sky (side by side), run the test suite on TEST_JOBS=2'
+	@echo '                workers (a test file to a worker; TEST_JOBS=1 runs one process); the tests'
 	@echo '                marked `long` (soaks, the fidelity study on the real runtime, SkyPilot and Ray'
 	@echo '                lifecycle runs) are skipped there, each naming the reduced form make test runs'
 	@echo 'make test-long  the tests marked `long` in their full form (CORAL_LONG_TESTS=1 pytest -m long)'
@@ -46,9 +47,12 @@ demo: $(STAMP)
 	$(BIN)/coral experiment cost core --duration-s 720 --out runs/demo-cost-core
 
 # The two environments are independent: they install side by side (mostly waiting on downloads).
+# The suite runs on TEST_JOBS pytest-xdist workers, a test file to a worker (its module fixtures
+# are built once); TEST_JOBS=1 runs it in one process.
+TEST_JOBS ?= 2
 test:
 	$(MAKE) -j2 $(STAMP) $(SKY_STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile,)
 
 # the full form of the tests marked `long` (soaks, the fidelity study on the real runtime)
 test-long: $(STAMP) $(SKY_STAMP)

@@ -12,6 +12,12 @@ from coral.workload.datasets import builtin_data_dir
 #: runs their reduced form (a shorter soak, the fidelity study on a stand-in runtime).
 LONG_TESTS = os.environ.get("CORAL_LONG_TESTS", "") == "1"
 
+# Under pytest-xdist (make test runs two workers) the tests see COLUMNS=80 / LINES=24. The CLI outputs the
+# tests compare are a pipe's, with no terminal width: drop them before any test imports the CLI's
+# consoles (they read COLUMNS when they are built) or starts `coral` in a subprocess.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if LONG_TESTS:
