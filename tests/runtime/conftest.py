@@ -8,6 +8,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -87,13 +88,19 @@ def threads() -> Iterator[list[tuple[threading.Thread, threading.Event]]]:
         t.join(timeout=5)
 
 
+@dataclass(kw_only=True)
 class ClientThreads:
     """Closed-loop load: `clients` threads run `_client(k)` until `stop` is set; `with` starts them
-    and joins them on exit (a thread still alive 40 s after the stop fails the test: a hung client)."""
+    and joins them on exit (a thread still alive 40 s after the stop fails the test: a hung client).
+    A subclass, a dataclass, declares `clients` (with its own fields): a field here would be
+    ordered before the subclass's own. These are the counters and handles every load shares."""
 
-    clients: int
-    stop: threading.Event
-    threads: list[threading.Thread]
+    sent: int = 0
+    completed: int = 0
+    errors: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    threads: list[threading.Thread] = field(default_factory=list)
 
     def _client(self, k: int) -> None:
         raise NotImplementedError

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -43,12 +42,6 @@ class Load(ClientThreads):
     url: str
     clients: int = 3
     max_tokens: int = 24
-    sent: int = 0
-    completed: int = 0
-    errors: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    threads: list[threading.Thread] = field(default_factory=list)
 
     def _client(self, k: int) -> None:
         i = 0

@@ -9,7 +9,6 @@ asking the planner."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -61,13 +60,7 @@ class Streams(ClientThreads):
 
     url: str
     clients: int = 4
-    sent: int = 0
-    completed: int = 0
     refused: int = 0
-    errors: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    threads: list[threading.Thread] = field(default_factory=list)
 
     def _one(self, client: openai.OpenAI, prompt: list[int]) -> str:
         try:
