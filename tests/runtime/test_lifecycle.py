@@ -24,7 +24,7 @@ from coral.runtime.serving.loadgen import one_request, run_bench, workload
 from .conftest import ClientThreads, deployment, http, wait_until
 
 CLUSTER = {
-    "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 1.0, "max_retries": 3},
+    "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 2.0, "max_retries": 3},
     "device": "cpu",
     "models": [{"name": "llama", "builtin": "tiny-llama", "weights": {"seed": 3}}],
     "instances": [

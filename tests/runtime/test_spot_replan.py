@@ -24,7 +24,7 @@ from .test_spot_notice import SlowStart, kill, routed, state
 openai = pytest.importorskip("openai")
 
 CLUSTER = {
-    "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 1.0, "max_retries": 3},
+    "coordinator": {"port": 0, "heartbeat_s": 0.1, "heartbeat_timeout_s": 2.0, "max_retries": 3},
     "device": "cpu",
     "models": [{"name": "llama", "builtin": "tiny-llama", "weights": {"seed": 3}}],
     "instances": [
